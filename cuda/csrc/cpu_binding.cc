@@ -1,0 +1,44 @@
+// CPU module: checks the arguments once (validate.h) and forwards to the CPU path.
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/function.h>
+
+#include "ffi_dsa/cpu/indexer_cpu.h"
+#include "ffi_dsa/validate.h"
+
+namespace {
+
+using tvm::ffi::Array;
+using tvm::ffi::TensorView;
+
+void TopkIndexerCpu(TensorView q, TensorView k_cache, TensorView weights, TensorView seq_lens,
+                    TensorView block_table, TensorView topk_indices, bool sorted_by_score) {
+  const ffi_dsa::IndexerArgs args =
+      ffi_dsa::CheckIndexerArgs(q, k_cache, weights, seq_lens, block_table, topk_indices, kDLCPU);
+  ffi_dsa::cpu::RunIndexerCpu(args, sorted_by_score);
+}
+
+ffi_dsa::ArgMeta Meta(const char* name, const Array<int64_t>& shape, DLDataType dtype) {
+  ffi_dsa::ArgMeta m;
+  m.name = name;
+  m.shape.assign(shape.begin(), shape.end());
+  m.dtype = dtype;
+  return m;
+}
+
+// The same checks on shapes and dtypes alone, for callers that validate before any buffer exists
+// (JAX under jit turns C++ errors into opaque runtime errors, so it asks first).
+void CheckShapes(Array<int64_t> q, DLDataType q_dtype, Array<int64_t> k_cache, DLDataType k_dtype,
+                 Array<int64_t> weights, DLDataType w_dtype, Array<int64_t> seq_lens, DLDataType s_dtype,
+                 Array<int64_t> block_table, DLDataType bt_dtype, Array<int64_t> topk_indices,
+                 DLDataType out_dtype) {
+  ffi_dsa::CheckIndexerMeta(Meta("q_index_fp8", q, q_dtype), Meta("k_index_cache_fp8", k_cache, k_dtype),
+                            Meta("weights", weights, w_dtype), Meta("seq_lens", seq_lens, s_dtype),
+                            Meta("block_table", block_table, bt_dtype),
+                            Meta("topk_indices", topk_indices, out_dtype));
+}
+
+}  // namespace
+
+// DPS: (inputs..., output, scalar attrs) with no Optional arguments, the shape JAX's FFI needs.
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_indexer, TopkIndexerCpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(check_shapes, CheckShapes);

@@ -1,0 +1,190 @@
+// One place that checks the operator's arguments for every caller (torch, JAX, TVM, numpy) and
+// every device. Caller mistakes raise ValueError/TypeError naming the argument; nothing is
+// launched or written before this returns.
+#pragma once
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ffi_dsa/contract.h"
+
+namespace ffi_dsa {
+
+// Raw views of validated arguments; what the kernels consume.
+struct IndexerArgs {
+  const uint8_t* q = nullptr;          // [B, 64, 128] fp8 bytes
+  const uint8_t* k_cache = nullptr;    // [num_pages, 8448] packed pages
+  const float* weights = nullptr;      // [B, 64]
+  const int32_t* seq_lens = nullptr;   // [B]
+  const int32_t* block_table = nullptr;  // [B, max_pages]
+  int32_t* topk_indices = nullptr;     // [B, K]
+  int64_t batch = 0, num_pages = 0, max_pages = 0, topk = 0;
+  DLDevice device{kDLCPU, 0};
+};
+
+// What validation needs to know of one argument. Built from a TensorView, or from a bare shape
+// and dtype for callers that have no buffer yet (JAX tracing), so both share every check.
+struct ArgMeta {
+  const char* name = "";
+  std::vector<int64_t> shape;
+  DLDataType dtype{};
+  DLDevice device{kDLCPU, 0};
+  bool contiguous = true;
+
+  int ndim() const { return static_cast<int>(shape.size()); }
+  int64_t size(int i) const { return shape[i]; }
+};
+
+inline ArgMeta MetaOf(const char* name, const tvm::ffi::TensorView& t) {
+  ArgMeta m;
+  m.name = name;
+  m.shape.assign(t.shape().begin(), t.shape().end());
+  m.dtype = t.dtype();
+  m.device = t.device();
+  m.contiguous = t.IsContiguous();
+  return m;
+}
+
+namespace detail {
+
+inline std::string DTypeName(DLDataType t) {
+  switch (t.code) {
+    case kDLInt: return "int" + std::to_string(t.bits);
+    case kDLUInt: return "uint" + std::to_string(t.bits);
+    case kDLFloat: return "float" + std::to_string(t.bits);
+    case kDLBfloat: return "bfloat" + std::to_string(t.bits);
+    case kDLFloat8_e4m3fn: return "float8_e4m3fn";
+    case kDLFloat8_e5m2: return "float8_e5m2";
+    default: return "dtype(code=" + std::to_string(t.code) + ", bits=" + std::to_string(t.bits) + ")";
+  }
+}
+
+inline std::string ShapeString(const ArgMeta& t) {
+  std::ostringstream os;
+  os << "[";
+  for (int i = 0; i < t.ndim(); ++i) os << (i ? ", " : "") << t.size(i);
+  os << "]";
+  return os.str();
+}
+
+inline bool IsByte(DLDataType t) {
+  return t.lanes == 1 && t.bits == 8 && (t.code == kDLInt || t.code == kDLUInt);
+}
+inline bool Is(DLDataType t, int code, int bits) {
+  return t.lanes == 1 && t.bits == bits && t.code == code;
+}
+
+inline void CheckRank(const ArgMeta& t, int rank, const char* layout) {
+  if (t.ndim() != rank) {
+    TVM_FFI_THROW(ValueError) << t.name << " must have rank " << rank << " " << layout << ", got shape "
+                              << ShapeString(t);
+  }
+}
+
+inline void CheckDim(const ArgMeta& t, int dim, int64_t expected, const char* what) {
+  if (t.size(dim) != expected) {
+    TVM_FFI_THROW(ValueError) << t.name << " dimension " << dim << " must be " << expected << " ("
+                              << what << "), got shape " << ShapeString(t);
+  }
+}
+
+inline void CheckDType(const ArgMeta& t, bool ok, const char* expected) {
+  if (!ok) TVM_FFI_THROW(TypeError) << t.name << " must be " << expected << ", got " << DTypeName(t.dtype);
+}
+
+inline void CheckPlacement(const ArgMeta& t, DLDevice device) {
+  if (t.device.device_type != device.device_type || t.device.device_id != device.device_id) {
+    TVM_FFI_THROW(ValueError) << t.name << " is on device (" << t.device.device_type << ", "
+                              << t.device.device_id << ") but q_index_fp8 is on (" << device.device_type
+                              << ", " << device.device_id << "); every argument must be on one device";
+  }
+  if (!t.contiguous) {
+    TVM_FFI_THROW(ValueError) << t.name << " must be contiguous (row-major, no gaps); call "
+                              << ".contiguous() first";
+  }
+}
+
+template <typename T>
+T* DataAs(const tvm::ffi::TensorView& t) {
+  return reinterpret_cast<T*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
+}
+
+}  // namespace detail
+
+// Checks dtypes, ranks, shapes against each other, K, devices and contiguity. Argument order:
+// q, k_cache, weights, seq_lens, block_table, topk_indices.
+inline void CheckIndexerMeta(const ArgMeta& q, const ArgMeta& k_cache, const ArgMeta& weights,
+                             const ArgMeta& seq_lens, const ArgMeta& block_table,
+                             const ArgMeta& topk_indices) {
+  using namespace detail;
+  // dtypes first: they are the most common mistake and the clearest message.
+  CheckDType(q, Is(q.dtype, kDLFloat8_e4m3fn, 8) || IsByte(q.dtype),
+             "float8_e4m3fn (or a uint8/int8 view of the same bytes)");
+  CheckDType(k_cache, IsByte(k_cache.dtype), "int8 or uint8 (packed fp8 + scale bytes)");
+  CheckDType(weights, Is(weights.dtype, kDLFloat, 32), "float32");
+  CheckDType(seq_lens, Is(seq_lens.dtype, kDLInt, 32), "int32");
+  CheckDType(block_table, Is(block_table.dtype, kDLInt, 32), "int32");
+  CheckDType(topk_indices, Is(topk_indices.dtype, kDLInt, 32), "int32");
+
+  CheckRank(q, 3, "[B, 64, 128]");
+  CheckRank(k_cache, 4, "[num_pages, 64, 1, 132]");
+  CheckRank(weights, 2, "[B, 64]");
+  CheckRank(seq_lens, 1, "[B]");
+  CheckRank(block_table, 2, "[B, max_num_pages]");
+  CheckRank(topk_indices, 2, "[B, K]");
+
+  const int64_t batch = q.size(0);
+  CheckDim(q, 1, kNumHeads, "index heads");
+  CheckDim(q, 2, kHeadDim, "head dim");
+  CheckDim(k_cache, 1, kPageTokens, "tokens per page");
+  CheckDim(k_cache, 2, 1, "the layout's single key head");
+  CheckDim(k_cache, 3, kTokenBytes, "128 fp8 bytes + 4 scale bytes");
+  CheckDim(weights, 0, batch, "B, from q_index_fp8");
+  CheckDim(weights, 1, kNumHeads, "index heads");
+  CheckDim(seq_lens, 0, batch, "B, from q_index_fp8");
+  CheckDim(block_table, 0, batch, "B, from q_index_fp8");
+  CheckDim(topk_indices, 0, batch, "B, from q_index_fp8");
+  if (topk_indices.size(1) > kMaxTopK) {
+    TVM_FFI_THROW(ValueError) << "topk_indices has K=" << topk_indices.size(1)
+                              << " columns; the kernel supports K <= " << kMaxTopK;
+  }
+  for (const ArgMeta* t : {&q, &k_cache, &weights, &seq_lens, &block_table, &topk_indices}) {
+    CheckPlacement(*t, q.device);
+  }
+}
+
+// `expected_device_type` is the device the calling module serves (kDLCPU or kDLCUDA).
+inline IndexerArgs CheckIndexerArgs(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k_cache,
+                                    const tvm::ffi::TensorView& weights,
+                                    const tvm::ffi::TensorView& seq_lens,
+                                    const tvm::ffi::TensorView& block_table,
+                                    const tvm::ffi::TensorView& topk_indices,
+                                    DLDeviceType expected_device_type) {
+  using detail::DataAs;
+  if (q.device().device_type != expected_device_type) {
+    TVM_FFI_THROW(ValueError) << "q_index_fp8 is on device type " << q.device().device_type
+                              << " but this module serves device type " << expected_device_type;
+  }
+  CheckIndexerMeta(MetaOf("q_index_fp8", q), MetaOf("k_index_cache_fp8", k_cache), MetaOf("weights", weights),
+                   MetaOf("seq_lens", seq_lens), MetaOf("block_table", block_table),
+                   MetaOf("topk_indices", topk_indices));
+  IndexerArgs args;
+  args.q = DataAs<const uint8_t>(q);
+  args.k_cache = DataAs<const uint8_t>(k_cache);
+  args.weights = DataAs<const float>(weights);
+  args.seq_lens = DataAs<const int32_t>(seq_lens);
+  args.block_table = DataAs<const int32_t>(block_table);
+  args.topk_indices = DataAs<int32_t>(topk_indices);
+  args.batch = q.size(0);
+  args.num_pages = k_cache.size(0);
+  args.max_pages = block_table.size(1);
+  args.topk = topk_indices.size(1);
+  args.device = q.device();
+  return args;
+}
+
+}  // namespace ffi_dsa

@@ -1,0 +1,34 @@
+"""ffi_dsa: the DeepSeek sparse-attention (DSA) indexer top-k as one TVM-FFI DPS op.
+
+For each decode row b, score every cached token t with 64 FP8 index heads,
+
+    score[t] = sum_h weights[b, h] * relu(sum_d q[b, h, d] * k[t, d] * scale[t])
+
+and return the global ids (page * 64 + slot) of the K best tokens, -1 padded. See SPEC.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path as _Path
+
+from .api import call, topk_indexer, validate_pages
+from .kv_cache import pack_k_cache, unpack_k_cache
+from .reference import check_topk, reference, reference_scores
+
+# In a source checkout the framework integrations sit in ../integration (a wheel carries them
+# inside the package): let `ffi_dsa.integration` resolve in both layouts.
+_repo = _Path(__file__).resolve().parent.parent
+if not (_Path(__file__).parent / "integration").is_dir() and (_repo / "integration" / "__init__.py").is_file():
+    __path__.append(str(_repo))  # type: ignore[name-defined]  # noqa: F821
+
+__version__ = "0.1.0"
+__all__ = [
+    "call",
+    "topk_indexer",
+    "validate_pages",
+    "pack_k_cache",
+    "unpack_k_cache",
+    "reference",
+    "reference_scores",
+    "check_topk",
+]

@@ -1,0 +1,71 @@
+"""Array-library plumbing: which framework an argument comes from, host copies, allocation."""
+
+from __future__ import annotations
+
+import numpy as np
+
+# DLPack device types (dlpack.h)
+DL_CPU, DL_CUDA = 1, 2
+
+
+def framework(x) -> str:
+    module = type(x).__module__
+    if module.startswith("torch"):
+        return "torch"
+    if module.startswith("jax") or module.startswith("jaxlib"):
+        return "jax"
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    return "dlpack"
+
+
+def device_type(x) -> str:
+    """'cpu' or 'cuda' (anything else raises), read through DLPack so every framework works."""
+    if isinstance(x, np.ndarray):
+        return "cpu"
+    try:
+        dev_type, _ = x.__dlpack_device__()
+    except AttributeError:
+        raise TypeError(f"expected a DLPack tensor (torch, JAX, numpy, CuPy), got {type(x).__name__}") from None
+    if dev_type == DL_CPU:
+        return "cpu"
+    if dev_type == DL_CUDA:
+        return "cuda"
+    raise ValueError(f"ffi_dsa supports CPU and CUDA tensors, got DLPack device type {dev_type}")
+
+
+def as_dlpack_ready(x):
+    """numpy float8 arrays cannot be exported through DLPack: pass the same bytes as uint8."""
+    if isinstance(x, np.ndarray) and x.dtype.name.startswith("float8"):
+        return x.view(np.uint8)
+    return x
+
+
+def to_numpy(x) -> np.ndarray:
+    """A host copy (or view) of any supported array; fp8 comes back as raw uint8 bytes."""
+    fw = framework(x)
+    if fw == "torch":
+        import torch
+
+        t = x.detach()
+        if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            t = t.view(torch.uint8)
+        return t.cpu().numpy()
+    arr = np.asarray(x) if fw != "dlpack" else np.from_dlpack(x)
+    if arr.dtype.name.startswith("float8"):
+        arr = arr.view(np.uint8)
+    return arr
+
+
+def empty_like_framework(x, shape: tuple[int, ...], dtype: str = "int32"):
+    """Allocate an output of `shape` in the framework and on the device of `x`."""
+    fw = framework(x)
+    if fw == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=x.device)
+    if fw == "numpy":
+        return np.empty(shape, dtype=dtype)
+    if fw == "jax":
+        raise TypeError("use ffi_dsa.integration.jax_ffi.topk_indexer for JAX arrays (they are immutable)")
+    raise TypeError(f"cannot allocate an output for {type(x).__name__}; use ffi_dsa.call with your own buffer")

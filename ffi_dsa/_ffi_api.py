@@ -1,0 +1,40 @@
+"""The native functions, loaded once per process.
+
+The CPU module always loads (no CUDA runtime needed). The CUDA module is built and loaded only
+when a CUDA tensor arrives, so the package imports and works on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import tvm_ffi
+
+from . import _build
+
+_lock = threading.Lock()
+
+
+@functools.cache
+def _load(kind: str) -> tvm_ffi.Module:
+    with _lock:
+        path = _build.cpu_library() if kind == "cpu" else _build.cuda_library()
+        return tvm_ffi.load_module(path)
+
+
+def cpu_module() -> tvm_ffi.Module:
+    return _load("cpu")
+
+
+def cuda_module() -> tvm_ffi.Module:
+    return _load("cuda")
+
+
+def topk_indexer_for(device_type: str):
+    """The exported DPS function serving tensors of `device_type` ('cpu' or 'cuda')."""
+    if device_type == "cpu":
+        return cpu_module()["topk_indexer"]
+    if device_type == "cuda":
+        return cuda_module()["topk_indexer"]
+    raise ValueError(f"ffi_dsa supports CPU and CUDA tensors, got a tensor on {device_type!r}")

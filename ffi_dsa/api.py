@@ -1,0 +1,64 @@
+"""Public entry points: the DPS call and the allocating wrapper."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _arrays, _ffi_api
+from .kv_cache import PAGE_TOKENS
+
+
+def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool = False,
+         validate: bool = False) -> None:
+    """Destination-passing style: write the top-K token ids of each row into `topk_indices`.
+
+    Arguments are DLPack tensors (torch, CuPy, numpy on CPU; JAX through
+    ``ffi_dsa.integration.jax_ffi``) that all live on one device. K is ``topk_indices.shape[1]``.
+    Shape, dtype and device mistakes raise ValueError/TypeError before anything is written.
+    ``validate=True`` also checks page ids and lengths on the host (a device-to-host copy for
+    CUDA inputs) and raises instead of masking them.
+    """
+    if validate:
+        validate_pages(k_cache, seq_lens, block_table)
+    fn = _ffi_api.topk_indexer_for(_arrays.device_type(q))
+    fn(_arrays.as_dlpack_ready(q), k_cache, weights, seq_lens, block_table, topk_indices, bool(sorted))
+
+
+def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = 2048, sorted: bool = False,
+                 validate: bool = False):
+    """Allocating form of :func:`call`: returns int32 ``[B, topk]`` in the caller's array type."""
+    if _arrays.framework(q) == "jax":
+        from .integration import jax_ffi
+
+        return jax_ffi.topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=topk, sorted=sorted)
+    topk = int(topk)
+    if topk < 0:
+        raise ValueError(f"topk must be >= 0, got {topk}")
+    batch = q.shape[0] if len(q.shape) else 0
+    out = _arrays.empty_like_framework(q, (batch, topk), "int32")
+    call(q, k_cache, weights, seq_lens, block_table, out, sorted=sorted, validate=validate)
+    return out
+
+
+def validate_pages(k_cache, seq_lens, block_table) -> None:
+    """Raise ValueError for what the kernels would otherwise mask: negative or too-long lengths
+    and page ids outside ``[0, num_pages)`` among the pages a row uses."""
+    lens = _arrays.to_numpy(seq_lens).astype(np.int64)
+    table = _arrays.to_numpy(block_table).astype(np.int64)
+    num_pages = int(k_cache.shape[0])
+    if table.ndim != 2 or lens.ndim != 1 or lens.shape[0] != table.shape[0]:
+        raise ValueError(f"seq_lens [B] and block_table [B, max_num_pages] disagree: "
+                         f"{list(lens.shape)} vs {list(table.shape)}")
+    capacity = table.shape[1] * PAGE_TOKENS
+    for b, n in enumerate(lens):
+        if n < 0:
+            raise ValueError(f"seq_lens[{b}] = {n} is negative")
+        if n > capacity:
+            raise ValueError(f"seq_lens[{b}] = {n} exceeds block_table's capacity of {capacity} tokens "
+                             f"({table.shape[1]} pages of {PAGE_TOKENS})")
+        used = table[b, : (n + PAGE_TOKENS - 1) // PAGE_TOKENS]
+        bad = np.nonzero((used < 0) | (used >= num_pages))[0]
+        if bad.size:
+            j = int(bad[0])
+            raise ValueError(f"block_table[{b}, {j}] = {int(used[j])} is not a page id in [0, {num_pages}) "
+                             f"and row {b} uses it (seq_lens[{b}] = {n})")

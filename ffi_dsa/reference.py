@@ -1,0 +1,134 @@
+"""A plain float64 reference of the operator, and the SPEC's tolerance check.
+
+Readable on purpose: it is the definition the fast paths are measured against, and a way for
+users to check their own setups. Inputs may be numpy, torch or JAX arrays on any device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from ._arrays import to_numpy
+from .kv_cache import PAGE_TOKENS, unpack_k_cache
+
+TOLERANCE = 1e-3  # of max|score| of the row: Hopper FP8 accumulation may swap near-ties at the cut
+
+
+@dataclass
+class RowScores:
+    """Candidates of one row: their positions t, global ids and float64 scores (NaN kept)."""
+
+    positions: np.ndarray
+    ids: np.ndarray
+    scores: np.ndarray
+
+
+def reference_scores(q, k_cache, weights, seq_lens, block_table) -> list[RowScores]:
+    """score[t] = sum_h w[h] * relu(sum_d q[h, d] * fp8[t, d] * scale[t]), in float64, per row.
+
+    Tokens on pages outside [0, num_pages) are not candidates; lengths are clamped to
+    [0, max_num_pages * 64], exactly as the kernels mask them on the device.
+    """
+    qf = to_numpy(q).view(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    w = to_numpy(weights).astype(np.float64)
+    lens = to_numpy(seq_lens).astype(np.int64)
+    table = to_numpy(block_table).astype(np.int64)
+    fp8, scale = unpack_k_cache(k_cache)
+    num_pages, max_pages = fp8.shape[0], table.shape[1]
+
+    rows = []
+    for b in range(qf.shape[0]):
+        n = int(np.clip(lens[b], 0, max_pages * PAGE_TOKENS))
+        t = np.arange(n)
+        page = table[b, t // PAGE_TOKENS]
+        slot = t % PAGE_TOKENS
+        valid = (page >= 0) & (page < num_pages)
+        t, page, slot = t[valid], page[valid], slot[valid]
+        keys = fp8[page, slot] * scale[page, slot][:, None]         # scale before relu, as written
+        with np.errstate(invalid="ignore", over="ignore"):
+            logits = keys @ qf[b].T                                    # [n, 64]
+            relu = np.where(logits < 0, 0.0, logits)                   # keeps NaN, as torch.relu does
+            score = relu @ w[b]
+        rows.append(RowScores(positions=t, ids=page * PAGE_TOKENS + slot, scores=score))
+    return rows
+
+
+def rank_order(row: RowScores) -> np.ndarray:
+    """Candidate indices best first: larger score, then smaller position; NaN last."""
+    s = row.scores
+    nan = np.isnan(s)
+    return np.lexsort((row.positions, -np.where(nan, -np.inf, s), nan))
+
+
+def reference(q, k_cache, weights, seq_lens, block_table, topk: int = 2048, sorted: bool = False) -> np.ndarray:
+    """The exact answer under float64 scores, as int32 ``[B, topk]`` (numpy)."""
+    rows = reference_scores(q, k_cache, weights, seq_lens, block_table)
+    out = np.full((len(rows), topk), -1, dtype=np.int32)
+    for b, row in enumerate(rows):
+        best = rank_order(row)[:topk]
+        if not sorted:
+            best = np.sort(best)  # candidates are stored by ascending position
+        out[b, : len(best)] = row.ids[best]
+    return out
+
+
+def check_topk(indices, q, k_cache, weights, seq_lens, block_table, *, sorted: bool = False,
+               rows: list[RowScores] | None = None, tolerance: float = TOLERANCE) -> list[str]:
+    """Problems found in `indices` under the SPEC's tolerance rule; an empty list means correct.
+
+    A row is correct when: the count of -1 is exact and they form the tail; every id belongs to
+    the row and appears once; the smallest chosen score is no smaller than the K-th largest
+    reference score minus ``tolerance * max|score|``; NaN is chosen only when fewer than K
+    numbers exist; and the valid prefix is ordered (ascending position, or descending score
+    within the tolerance when ``sorted``).
+    """
+    out = to_numpy(indices).astype(np.int64)
+    rows = rows if rows is not None else reference_scores(q, k_cache, weights, seq_lens, block_table)
+    problems: list[str] = []
+    topk = out.shape[1]
+    for b, row in enumerate(rows):
+        got = out[b]
+        expected_count = min(topk, len(row.ids))
+        valid = got[:expected_count]
+        if np.any(got[expected_count:] != -1) or np.any(valid == -1):
+            problems.append(f"row {b}: expected exactly {expected_count} ids then -1, got "
+                            f"{int(np.sum(got != -1))} ids (first -1 at {int(np.argmax(got == -1)) if np.any(got == -1) else None})")
+            continue
+        if expected_count == 0:
+            continue
+        if len(np.unique(valid)) != expected_count:
+            problems.append(f"row {b}: duplicate ids in the selection")
+            continue
+        lookup = {int(i): k for k, i in enumerate(row.ids)}  # a page listed twice: last wins, same id
+        missing = [int(i) for i in valid if int(i) not in lookup]
+        if missing:
+            problems.append(f"row {b}: ids not in the row (or on an invalid page): {missing[:5]}")
+            continue
+        chosen = np.array([lookup[int(i)] for i in valid])
+        scores = row.scores
+        finite = scores[np.isfinite(scores)]
+        tol = tolerance * (np.abs(finite).max() if finite.size else 0.0)
+        order = rank_order(row)
+        kth = scores[order[expected_count - 1]]
+        chosen_scores = scores[chosen]
+        n_numbers = int(np.sum(~np.isnan(scores)))
+        if np.sum(~np.isnan(chosen_scores)) < min(expected_count, n_numbers):
+            problems.append(f"row {b}: NaN chosen while numbers were left out")
+            continue
+        if not np.isnan(kth):
+            worst = np.nanmin(chosen_scores)
+            if worst < kth - tol:
+                problems.append(f"row {b}: chosen score {worst:.6g} is below the K-th score {kth:.6g} "
+                                f"by more than the tolerance {tol:.3g}")
+                continue
+        if sorted:
+            s = np.where(np.isnan(chosen_scores), -np.inf, chosen_scores)
+            if np.any(np.diff(s) > tol):
+                problems.append(f"row {b}: sorted=True output is not in descending score order")
+        else:
+            if np.any(np.diff(row.positions[chosen]) <= 0):
+                problems.append(f"row {b}: output is not in ascending token position order")
+    return problems

@@ -1,0 +1,73 @@
+"""Realistic decode batches for the demo, the tests and the benchmarks.
+
+q and keys are random normal values cast to FP8 (keys through pack_k_cache, so per-token scales
+are real), weights are random, and every row's pages are a random permutation of the pool, as a
+paged cache looks after many allocations and frees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from .kv_cache import HEAD_DIM, PAGE_TOKENS, pack_k_cache
+
+NUM_HEADS = 64
+
+
+@dataclass
+class Batch:
+    q: np.ndarray            # [B, 64, 128] uint8 (fp8 bytes)
+    k_cache: np.ndarray      # [num_pages, 64, 1, 132] int8
+    weights: np.ndarray      # [B, 64] float32
+    seq_lens: np.ndarray     # [B] int32
+    block_table: np.ndarray  # [B, max_pages] int32
+
+    def args(self):
+        return self.q, self.k_cache, self.weights, self.seq_lens, self.block_table
+
+    def to_torch(self, device="cpu"):
+        """The same batch as torch tensors (q as float8_e4m3fn) on `device`."""
+        import torch
+
+        return (
+            torch.from_numpy(self.q).view(torch.float8_e4m3fn).to(device),
+            torch.from_numpy(self.k_cache).to(device),
+            torch.from_numpy(self.weights).to(device),
+            torch.from_numpy(self.seq_lens).to(device),
+            torch.from_numpy(self.block_table).to(device),
+        )
+
+    @property
+    def tokens(self) -> int:
+        return int(np.clip(self.seq_lens, 0, None).sum())
+
+
+def make_batch(seq_lens, *, seed: int = 0, spare_pages: int = 0, max_pages: int | None = None,
+               scale_range=(0.5, 1.5)) -> Batch:
+    """A batch with the given row lengths; pages are drawn without replacement from a shuffled pool."""
+    rng = np.random.default_rng(seed)
+    seq_lens = np.asarray(seq_lens, dtype=np.int32)
+    pages_per_row = (np.clip(seq_lens, 0, None) + PAGE_TOKENS - 1) // PAGE_TOKENS
+    max_pages = int(max(1, pages_per_row.max(initial=0))) if max_pages is None else max_pages
+    num_pages = max(1, int(pages_per_row.sum()) + spare_pages)
+
+    keys = rng.standard_normal((num_pages, PAGE_TOKENS, HEAD_DIM), dtype=np.float32)
+    k_cache = pack_k_cache(keys)
+    if scale_range is not None:  # spread the per-token scales too, not only amax/448
+        scales = k_cache.view(np.uint8).reshape(num_pages, -1)[:, PAGE_TOKENS * HEAD_DIM:].view("<f4")
+        scales[:] = rng.uniform(*scale_range, size=scales.shape).astype(np.float32)
+
+    q = rng.standard_normal((len(seq_lens), NUM_HEADS, HEAD_DIM), dtype=np.float32)
+    q = q.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    weights = rng.standard_normal((len(seq_lens), NUM_HEADS), dtype=np.float32)
+
+    pool = rng.permutation(num_pages).astype(np.int32)
+    block_table = np.full((len(seq_lens), max_pages), -1, dtype=np.int32)
+    start = 0
+    for b, pages in enumerate(pages_per_row):
+        block_table[b, :pages] = pool[start:start + pages]
+        start += pages
+    return Batch(q, k_cache, weights, seq_lens, block_table)
