@@ -21,6 +21,14 @@ _repo = _Path(__file__).resolve().parent.parent
 if not (_Path(__file__).parent / "integration").is_dir() and (_repo / "integration" / "__init__.py").is_file():
     __path__.append(str(_repo))  # type: ignore[name-defined]  # noqa: F821
 
+# torch.ops.dsa.topk_indexer / topk_indexer_out exist whenever torch is importable.
+try:
+    import torch as _torch  # noqa: F401
+except ImportError:
+    pass
+else:
+    from .integration import torch_op as _torch_op  # noqa: F401
+
 __version__ = "0.1.0"
 __all__ = [
     "call",

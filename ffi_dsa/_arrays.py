@@ -34,10 +34,15 @@ def device_type(x) -> str:
     raise ValueError(f"ffi_dsa supports CPU and CUDA tensors, got DLPack device type {dev_type}")
 
 
-def as_dlpack_ready(x):
-    """numpy float8 arrays cannot be exported through DLPack: pass the same bytes as uint8."""
+def as_dlpack_ready(x, name: str, fp8_ok: bool = False):
+    """numpy float8 arrays cannot be exported through DLPack. The one fp8 argument
+    (q_index_fp8, float8_e4m3fn) travels as a uint8 view of the same bytes; any other float8
+    (another fp8 format, or fp8 where the op wants something else) is a dtype error."""
     if isinstance(x, np.ndarray) and x.dtype.name.startswith("float8"):
-        return x.view(np.uint8)
+        if fp8_ok and x.dtype.name == "float8_e4m3fn":
+            return x.view(np.uint8)
+        expected = "float8_e4m3fn (or a uint8/int8 view of the same bytes)" if fp8_ok else "not a float8 type"
+        raise TypeError(f"{name} must be {expected}, got numpy {x.dtype.name}")
     return x
 
 

@@ -21,7 +21,15 @@ def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool 
     if validate:
         validate_pages(k_cache, seq_lens, block_table)
     fn = _ffi_api.topk_indexer_for(_arrays.device_type(q))
-    fn(_arrays.as_dlpack_ready(q), k_cache, weights, seq_lens, block_table, topk_indices, bool(sorted))
+    fn(
+        _arrays.as_dlpack_ready(q, "q_index_fp8", fp8_ok=True),
+        _arrays.as_dlpack_ready(k_cache, "k_index_cache_fp8"),
+        _arrays.as_dlpack_ready(weights, "weights"),
+        _arrays.as_dlpack_ready(seq_lens, "seq_lens"),
+        _arrays.as_dlpack_ready(block_table, "block_table"),
+        _arrays.as_dlpack_ready(topk_indices, "topk_indices"),
+        bool(sorted),
+    )
 
 
 def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = 2048, sorted: bool = False,

@@ -40,7 +40,9 @@ def _pack_torch(k):
     k = k.float()
     num_pages = k.shape[0]
     amax = k.abs().amax(dim=-1)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    # tensor / tensor: torch divides by a Python scalar through its reciprocal on CUDA, which
+    # can land one ulp away from numpy's quotient (seen on an H100)
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
     fp8 = (k / scale[..., None]).to(torch.float8_e4m3fn).view(torch.uint8)
     page = torch.empty((num_pages, PAGE_TOKENS * TOKEN_BYTES), dtype=torch.uint8, device=k.device)
     page[:, : PAGE_TOKENS * HEAD_DIM] = fp8.reshape(num_pages, -1)

@@ -134,7 +134,7 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
   }
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device));
 
-  const sm90::ChunkSchedule plan = sm90::PlanChunks(a.batch, a.max_pages, a.topk, info.sm_count);
+  const sm90::ChunkSchedule plan = sm90::PlanChunks(a.batch, a.max_pages, a.topk, info.sm_count, sm90::kMergeSmemKeys);
   const int64_t slots = a.batch * plan.chunks_per_row;
   const size_t count_bytes = AlignUp(slots * sizeof(int32_t));
   const size_t cand_bytes = AlignUp(slots * plan.cand_stride * sizeof(uint32_t));
@@ -170,8 +170,12 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
                            chunk_smem, stream>>>(k_map, p);
   TVM_FFI_CHECK_CUDA_ERROR(cudaGetLastError());
   if (plan.chunks_per_row > 1) {
-    sm90::MergeChunksKernel<<<static_cast<unsigned>(a.batch), sm90::kMergeThreads,
-                              sm90::MergeSmemBytes(plan.chunks_per_row, plan.cand_stride), stream>>>(p);
+    const size_t merge_smem = sm90::MergeSmemBytes(plan.chunks_per_row, plan.cand_stride);
+    if (merge_smem > info.max_smem_optin) {
+      TVM_FFI_THROW(RuntimeError) << "internal: merge of " << plan.chunks_per_row << " chunks needs " << merge_smem
+                                  << " B of shared memory, device allows " << info.max_smem_optin;
+    }
+    sm90::MergeChunksKernel<<<static_cast<unsigned>(a.batch), sm90::kMergeThreads, merge_smem, stream>>>(p);
     TVM_FFI_CHECK_CUDA_ERROR(cudaGetLastError());
   }
 }
@@ -179,3 +183,4 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_indexer, TopkIndexerCuda);
+

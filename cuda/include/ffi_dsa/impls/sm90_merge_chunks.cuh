@@ -16,11 +16,12 @@
 namespace ffi_dsa::sm90 {
 
 constexpr int kMergeThreads = 512;
-constexpr int kMergeSmemKeys = 32 * 1024;  // 16 chunks x K: what the schedule produces up to 1M tokens
+constexpr int kMergeSmemKeys = 28 * 1024;  // the schedule keeps rows up to ~210K tokens within this
 
 struct MergeSmem {
   SelectStorage<kMergeThreads> select;
   SortStorage<kMergeThreads> sorting;
+  uint32_t winners[kMaxTopK];  // flat candidate index of each output slot
   typename cub::BlockScan<int32_t, kMergeThreads>::TempStorage offsets_scan;
 };
 
@@ -71,11 +72,25 @@ __global__ void __launch_bounds__(kMergeThreads, 1) MergeChunksKernel(const Chun
   const bool keys_in_smem = size_t(p.chunks_per_row) * p.cand_stride <= size_t(kMergeSmemKeys);
   uint32_t* smem_keys = reinterpret_cast<uint32_t*>(offsets + (p.chunks_per_row + 1 + 3) / 4 * 4);
   if (keys_in_smem) {
-    for (int c = 0; c < active_chunks; ++c) {
+    // A warp per chunk, coalesced, through the read-only path, eight loads in flight per lane
+    // before any store (a binary search per element made every load wait on the one before).
+    const int warp = tid / 32, lane = tid % 32;
+    for (int c = warp; c < active_chunks; c += kMergeThreads / 32) {
       const uint32_t* src = p.cand_keys + row_slot0 + int64_t(c) * p.cand_stride;
-      const int32_t count = offsets[c + 1] - offsets[c];
-#pragma unroll 4
-      for (int j = tid; j < count; j += kMergeThreads) smem_keys[offsets[c] + j] = src[j];
+      const int32_t begin = offsets[c], count = offsets[c + 1] - begin;
+      for (int j0 = 0; j0 < count; j0 += 8 * 32) {
+        uint32_t v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const int j = j0 + u * 32 + lane;
+          v[u] = j < count ? __ldg(src + j) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const int j = j0 + u * 32 + lane;
+          if (j < count) smem_keys[begin + j] = v[u];
+        }
+      }
     }
     __syncthreads();
   }
@@ -83,33 +98,46 @@ __global__ void __launch_bounds__(kMergeThreads, 1) MergeChunksKernel(const Chun
 
   const Threshold th =
       total <= uint32_t(p.topk) ? kTakeAll : FindThreshold<kMergeThreads>(s.select, uint32_t(p.topk), [&](auto&& f) {
-        for (uint32_t base = 0; base < total; base += kMergeThreads) {
-          const uint32_t i = base + tid;
-          f(i < total ? key_at(i) : kNotCandidate);
-        }
+        for (uint32_t i = tid; i < total; i += kMergeThreads) f(key_at(i));
       });
   auto visit = [&](uint32_t begin, uint32_t end, auto&& f) {
     for (uint32_t i = begin; i < end; ++i) f(i, key_at(i));
   };
-  auto position_of = [&](uint32_t i) { return uint32_t(p.cand_pos[workspace_slot(i)]); };
-  const int32_t* table = p.block_table + int64_t(b) * p.max_pages;
-  auto global_id = [&](uint32_t t) {
-    return static_cast<int32_t>(int64_t(table[t / kPageTokens]) * kPageTokens + t % kPageTokens);
-  };
-  int32_t* out = p.topk_indices + int64_t(b) * p.topk;
+  // Winners are first recorded as flat candidate indices (in position order: the flat order),
+  // then resolved to token ids by all threads at once, so the dependent workspace and block
+  // table loads of different winners overlap instead of queuing per thread.
+  uint32_t selected;
   if (!p.sorted) {
-    const uint32_t selected = EmitOrdered<kMergeThreads>(
-        s.select, total, th, visit, [&](uint32_t slot, uint32_t i, uint32_t) { out[slot] = global_id(position_of(i)); });
-    for (int i = selected + tid; i < p.topk; i += kMergeThreads) out[i] = -1;
+    selected = EmitOrdered<kMergeThreads>(s.select, total, th, visit,
+                                          [&](uint32_t slot, uint32_t i, uint32_t) { s.winners[slot] = i; });
   } else {
-    const uint32_t selected =
-        EmitOrdered<kMergeThreads>(s.select, total, th, visit, [&](uint32_t slot, uint32_t i, uint32_t key) {
-          s.sorting.words[slot] = RankWord(key, position_of(i));
-        });
+    // Ties by flat index are ties by position: the concatenation is in position order.
+    selected = EmitOrdered<kMergeThreads>(s.select, total, th, visit, [&](uint32_t slot, uint32_t i, uint32_t key) {
+      s.sorting.words[slot] = RankWord(key, i);
+    });
     SortSelectedDescending<kMergeThreads>(s.sorting, selected);
-    for (int i = tid; i < p.topk; i += kMergeThreads) {
-      out[i] = i < int(selected) ? global_id(RankWordPosition(s.sorting.words[i])) : -1;
-    }
+    for (uint32_t r = tid; r < selected; r += kMergeThreads) s.winners[r] = RankWordPosition(s.sorting.words[r]);
+    __syncthreads();
+  }
+  const int32_t* table = p.block_table + int64_t(b) * p.max_pages;
+  int32_t* out = p.topk_indices + int64_t(b) * p.topk;
+  // All of a thread's slots first read their positions, then their page ids: the loads of
+  // different slots overlap instead of each slot waiting on two L2 round trips in turn.
+  constexpr int kSlotsPerThread = kMaxTopK / kMergeThreads;
+  uint32_t position[kSlotsPerThread];
+#pragma unroll
+  for (int u = 0; u < kSlotsPerThread; ++u) {
+    const int r = tid + u * kMergeThreads;
+    position[u] = r < int(selected) ? uint32_t(__ldg(p.cand_pos + workspace_slot(s.winners[r]))) : 0u;
+  }
+#pragma unroll
+  for (int u = 0; u < kSlotsPerThread; ++u) {
+    const int r = tid + u * kMergeThreads;
+    if (r >= p.topk) break;
+    const uint32_t t = position[u];
+    out[r] = r < int(selected)
+                 ? static_cast<int32_t>(int64_t(__ldg(table + t / kPageTokens)) * kPageTokens + t % kPageTokens)
+                 : -1;
   }
 }
 

@@ -85,6 +85,13 @@ __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
 }
 
+// relu that propagates NaN (fmaxf would turn NaN into 0, against the SPEC): one instruction.
+__device__ __forceinline__ float ReluNaN(float x) {
+  float y;
+  asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Keeps the compiler from moving reads or writes of wgmma accumulators across the async
 // window (between issue and wait the registers belong to the tensor cores).
 __device__ __forceinline__ void FenceOperand(float (&d)[32]) {

@@ -1,13 +1,15 @@
 // Kernel 1 of the Hopper path: score one chunk (a run of pages) of one row and select in place.
 //
-// Roles (one CTA, 384 threads):
-//   warpgroups 0-1  math: page i goes to warpgroup i % 2; 4 x wgmma m64n64k32 (tokens = M,
+// Roles (one CTA, 640 threads):
+//   warpgroups 0-3  math: page i goes to warpgroup i % 4; 4 x wgmma m64n64k32 (tokens = M,
 //                   heads = N, both K-major FP8 in 128B-swizzled smem) -> scale, relu, head
 //                   weights, head sum in registers -> one rank key per token in smem.
-//   warpgroup 2     producer: one thread walks the chunk's page ids and streams each page
+//   warpgroup 4     producer: one thread walks the chunk's page ids and streams each page
 //                   (8 KB of FP8 rows by TMA, 256 B of scales by a bulk copy) into a ring of
 //                   kStages stages (full/empty mbarriers). Invalid page ids are never loaded.
-// Then all 384 threads select the chunk's top-K from the keys in smem (sm90_block_select.cuh).
+// Four math warpgroups, not a deeper software pipeline in one: the per-page chain (wgmma, then
+// ~100 dependent ALU ops of epilogue) is latency, and more warps per scheduler hide it best.
+// Then all 640 threads select the chunk's top-K from the keys in smem (sm90_block_select.cuh).
 // A row that fits in one chunk writes its final answer here; otherwise the chunk writes its
 // winners (key, position) to the workspace and the merge kernel finishes the row.
 #pragma once
@@ -42,12 +44,13 @@ struct ChunkParams {
   bool sorted;
 };
 
-constexpr int kChunkThreads = 384;
-constexpr int kMathWarpgroups = 2;
+constexpr int kChunkThreads = 640;
+constexpr int kMathWarpgroups = 4;
 constexpr int kWarpgroupThreads = 128;
 constexpr int kProducerThread = kMathWarpgroups * kWarpgroupThreads;
-constexpr int kStages = 8;
+constexpr int kStages = 12;  // 4 stages being computed + 8 in flight
 constexpr int kScaleBytes = kPageTokens * 4;
+constexpr int kIssuerWarps = 4;
 
 struct alignas(1024) ChunkSmem {
   union Ring {
@@ -70,7 +73,32 @@ __host__ __device__ inline size_t ChunkSmemBytes(int chunk_pages) {
          size_t(chunk_pages) * kPageTokens * 4;
 }
 
-__device__ __forceinline__ float ReluKeepNaN(float x) { return x < 0.0f ? 0.0f : x; }
+// Score of one accumulator row of this thread (`half` 0: row r0, 2: row r0 + 8), summed over
+// the quad that shares the row. SPEC order is relu(logit * scale); for a non-negative scale
+// that cannot overflow a logit (< 2^64) that equals scale * relu(logit), which saves a multiply
+// per head. Four partial sums shorten the dependent chain.
+__device__ __forceinline__ float TokenScore(const float (&acc)[32], int half, float scale, const float (&w)[16]) {
+  float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float score;
+  if (scale >= 0.0f && scale < 1.8446744e19f) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      part[(2 * j) & 3] = fmaf(w[2 * j], ReluNaN(acc[4 * j + half]), part[(2 * j) & 3]);
+      part[(2 * j + 1) & 3] = fmaf(w[2 * j + 1], ReluNaN(acc[4 * j + half + 1]), part[(2 * j + 1) & 3]);
+    }
+    score = ((part[0] + part[1]) + (part[2] + part[3])) * scale;
+  } else {  // negative, huge, infinite or NaN scale: exactly as written
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      part[(2 * j) & 3] = fmaf(w[2 * j], ReluNaN(acc[4 * j + half] * scale), part[(2 * j) & 3]);
+      part[(2 * j + 1) & 3] = fmaf(w[2 * j + 1], ReluNaN(acc[4 * j + half + 1] * scale), part[(2 * j + 1) & 3]);
+    }
+    score = (part[0] + part[1]) + (part[2] + part[3]);
+  }
+  score += __shfl_xor_sync(0xFFFFFFFFu, score, 1);
+  score += __shfl_xor_sync(0xFFFFFFFFu, score, 2);
+  return score;
+}
 
 __device__ __forceinline__ int64_t ClampedLength(const int32_t* seq_lens, int b, int32_t max_pages) {
   const int64_t n = seq_lens[b];
@@ -98,8 +126,6 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
   const bool final_output = active_chunks <= 1;
 
   // ---- prologue --------------------------------------------------------------------------
-  // Barriers and page ids first, so the producer can start streaming while the math threads
-  // stage Q and the weights.
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
       MbarInit(&s.full[st], 1);
@@ -110,35 +136,48 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
   for (int i = tid; i < my_pages; i += kChunkThreads) {
     page_ids[i] = p.block_table[int64_t(b) * p.max_pages + first_page + i];
   }
+  // Q rows swizzled exactly as TMA swizzles the K tiles (16-byte piece XOR row % 8). Staged before
+  // the one CTA-wide barrier: a named barrier for the math warps alone was the only barrier
+  // racecheck could not reconcile with the block-wide ones that follow.
+  const uint4* q_row = reinterpret_cast<const uint4*>(p.q + int64_t(b) * kNumHeads * kHeadDim);
+  for (int c = tid; c < kNumHeads * kHeadDim / 16; c += kChunkThreads) {
+    const int head = c >> 3, piece = c & 7;
+    *reinterpret_cast<uint4*>(s.q_tile + head * kHeadDim + ((piece ^ (head & 7)) << 4)) = q_row[c];
+  }
+  if (tid < kNumHeads) s.weights[tid] = p.weights[int64_t(b) * kNumHeads + tid];
+  FenceProxyAsyncShared();
   __syncthreads();
 
   // ---- scoring ----------------------------------------------------------------------------
   if (tid >= kProducerThread) {
-    if (tid == kProducerThread) {
-      PrefetchTensorMap(&k_map);
-      for (int i = 0; i < my_pages; ++i) {
+    // Lane 0 of each producer warp streams every kIssuerWarps-th page. One issuing thread
+    // capped a CTA at one page per ~600 cycles; with 2-4 the CTA reaches its TMA unit's own
+    // limit of ~450 cycles per 8.4 KB page (clock64 traces on H100).
+    // Whole warps run the loop and stay converged (lane 0 issues): a warp that reaches the
+    // next __syncthreads (an .aligned bar.sync) split across lanes is undefined behaviour;
+    // compute-sanitizer racecheck caught the barriers after it drifting.
+    const int pw = (tid - kProducerThread) / 32;
+    const bool leader = (tid & 31) == 0;
+    if (pw < kIssuerWarps) {
+      if (pw == 0 && leader) PrefetchTensorMap(&k_map);
+      for (int i = pw; i < my_pages; i += kIssuerWarps) {
         const int st = i % kStages;
         if (i >= kStages) MbarWait(&s.empty[st], ((i / kStages) - 1) & 1);
         const int32_t page = page_ids[i];
-        if (page >= 0 && page < p.num_pages) {
-          MbarArriveExpectTx(&s.full[st], kPageFp8Bytes + kScaleBytes);
-          TmaLoad3d(s.ring.k_tiles[st], &k_map, 0, 0, page, &s.full[st]);
-          BulkLoad(s.scales[st], p.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes, &s.full[st]);
-        } else {
-          MbarArrive(&s.full[st]);  // nothing to load: the consumers see the invalid id themselves
+        if (leader) {
+          if (page >= 0 && page < p.num_pages) {
+            MbarArriveExpectTx(&s.full[st], kPageFp8Bytes + kScaleBytes);
+            TmaLoad3d(s.ring.k_tiles[st], &k_map, 0, 0, page, &s.full[st]);
+            BulkLoad(s.scales[st], p.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes,
+                     &s.full[st]);
+          } else {
+            MbarArrive(&s.full[st]);  // nothing to load: the consumers see the invalid id themselves
+          }
         }
+        __syncwarp();
       }
     }
   } else {
-    // Q rows swizzled exactly as TMA swizzles the K tiles (16-byte piece XOR row % 8).
-    const uint4* q_row = reinterpret_cast<const uint4*>(p.q + int64_t(b) * kNumHeads * kHeadDim);
-    for (int c = tid; c < kNumHeads * kHeadDim / 16; c += kProducerThread) {
-      const int head = c >> 3, piece = c & 7;
-      *reinterpret_cast<uint4*>(s.q_tile + head * kHeadDim + ((piece ^ (head & 7)) << 4)) = q_row[c];
-    }
-    if (tid < kNumHeads) s.weights[tid] = p.weights[int64_t(b) * kNumHeads + tid];
-    FenceProxyAsyncShared();
-    asm volatile("bar.sync 1, %0;" ::"n"(kProducerThread));  // math warpgroups only
 
     const int wg = tid / kWarpgroupThreads, warp = (tid % kWarpgroupThreads) / 32, lane = tid % 32;
     // Accumulator layout of wgmma m64nN: thread holds rows r0 and r0 + 8, columns
@@ -152,16 +191,13 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
     }
     const uint64_t desc_q = SmemDescSw128(s.q_tile);
 
-    // Two accumulator sets: the wgmma of page i runs while the epilogue of the previous page of
-    // this warpgroup reads the other set (the per-page chain is latency, not throughput).
-    float acc_a[32], acc_b[32];
-    int prev_page = -1, prev_stage = 0;
-    bool prev_valid = false;
-    auto issue = [&](int i, float (&acc)[32], int& stage, bool& valid) {
-      stage = i % kStages;
+    for (int i = wg; i < my_pages; i += kMathWarpgroups) {
+      const int stage = i % kStages;
       MbarWait(&s.full[stage], (i / kStages) & 1);
       const int32_t page = page_ids[i];
-      valid = page >= 0 && page < p.num_pages;  // uniform over the warpgroup
+      const bool valid = page >= 0 && page < p.num_pages;  // uniform over the warpgroup
+      float acc[32];
+      float scale0 = 0.0f, scale1 = 0.0f;
       if (valid) {
 #pragma unroll
         for (int x = 0; x < 32; ++x) acc[x] = 0.0f;
@@ -173,27 +209,16 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
           WgmmaM64N64K32E4M3(acc, DescAdvance(desc_k, kk * 32), DescAdvance(desc_q, kk * 32), kk > 0);
         }
         WgmmaCommit();
+        scale0 = s.scales[stage][r0];  // overlaps the tensor-core work
+        scale1 = s.scales[stage][r0 + 8];
+        WgmmaWait<0>();
         FenceOperand(acc);
       }
-    };
-    auto finish = [&](int i, float (&acc)[32], int stage, bool valid) {
-      FenceOperand(acc);
-      const float scale0 = valid ? s.scales[stage][r0] : 0.0f;
-      const float scale1 = valid ? s.scales[stage][r0 + 8] : 0.0f;
       MbarArrive(&s.empty[stage]);  // this thread no longer reads the stage
       const uint32_t t0 = uint32_t(i) * kPageTokens + r0, t1 = t0 + 8;
       uint32_t k0 = kNotCandidate, k1 = kNotCandidate;
       if (valid) {
-        float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          s0 += w[2 * j] * ReluKeepNaN(acc[4 * j] * scale0) + w[2 * j + 1] * ReluKeepNaN(acc[4 * j + 1] * scale0);
-          s1 += w[2 * j] * ReluKeepNaN(acc[4 * j + 2] * scale1) + w[2 * j + 1] * ReluKeepNaN(acc[4 * j + 3] * scale1);
-        }
-        s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 1);
-        s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 2);
-        s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 1);
-        s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 2);
+        const float s0 = TokenScore(acc, 0, scale0, w), s1 = TokenScore(acc, 2, scale1, w);
         k0 = ScoreToKey(s0);
         k1 = ScoreToKey(s1);
       }
@@ -201,26 +226,6 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
         if (t0 < my_tokens) keys[t0] = k0;
         if (t1 < my_tokens) keys[t1] = k1;
       }
-    };
-    // One step: issue page i (if any) into `next`, then finish the previous page from `prev`.
-    auto step = [&](int i, float (&next)[32], float (&prev)[32]) {
-      int stage = 0;
-      bool valid = false;
-      const bool have = i < my_pages;
-      if (have) issue(i, next, stage, valid);
-      if (prev_page >= 0) {
-        if (prev_valid) {
-          if (have && valid) WgmmaWait<1>(); else WgmmaWait<0>();
-        }
-        finish(prev_page, prev, prev_stage, prev_valid);
-      }
-      prev_page = have ? i : -1;
-      prev_stage = stage;
-      prev_valid = valid;
-    };
-    for (int i = wg; i < my_pages + kMathWarpgroups; i += 2 * kMathWarpgroups) {
-      step(i, acc_a, acc_b);
-      step(i + kMathWarpgroups, acc_b, acc_a);
     }
   }
   __syncthreads();
@@ -230,10 +235,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
       my_tokens <= uint32_t(p.topk)
           ? kTakeAll
           : FindThreshold<kChunkThreads>(s.select, uint32_t(p.topk), [&](auto&& f) {
-              for (uint32_t base = 0; base < my_tokens; base += kChunkThreads) {
-                const uint32_t t = base + tid;
-                f(t < my_tokens ? keys[t] : kNotCandidate);
-              }
+              for (uint32_t t = tid; t < my_tokens; t += kChunkThreads) f(keys[t]);
             });
   auto visit = [&](uint32_t begin, uint32_t end, auto&& f) {
     for (uint32_t t = begin; t < end; ++t) f(t, keys[t]);

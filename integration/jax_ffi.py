@@ -1,0 +1,171 @@
+"""JAX: the compiled TVM-FFI function as an XLA FFI custom call, usable under ``jax.jit`` and ``jax.vmap``.
+
+    from ffi_dsa.integration.jax_ffi import topk_indexer
+    idx = jax.jit(topk_indexer, static_argnames=("topk", "sorted"))(q, k_cache, weights, seq_lens, block_table)
+
+The exported function ``topk_indexer(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted)``
+is registered with ``jax_tvm_ffi.register_ffi_target`` as the XLA FFI target ``ffi_dsa_topk_indexer``
+(arg spec ``args, rets, attrs.sorted``): the CPU target on first use, the GPU target only when a
+call is made for the GPU (building the CUDA module needs nvcc). On the GPU, tvm-ffi hands the kernel
+XLA's stream. fp8 arrays (``jnp.float8_e4m3fn``) go in directly; uint8/int8 views are accepted too.
+
+Errors: a C++ error inside an XLA custom call surfaces as an opaque ``JaxRuntimeError``, so shapes
+and dtypes are checked at trace time by the exported C++ ``check_shapes`` (the very checks the
+kernel runs; no second copy in Python), which raises ValueError/TypeError naming the argument.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import warnings
+
+import jax
+import jax.numpy as jnp
+import jax_tvm_ffi
+import tvm_ffi
+
+from .. import _ffi_api
+
+TARGET = "ffi_dsa_topk_indexer"
+_ARG_NAMES = ("q_index_fp8", "k_index_cache_fp8", "weights", "seq_lens", "block_table")
+
+_registered: set[str] = set()
+_lock = threading.Lock()
+
+
+def register(platform: str) -> None:
+    """Register the FFI target for ``platform`` ('cpu' or 'gpu'); idempotent, thread-safe."""
+    if platform in _registered:
+        return
+    if platform not in ("cpu", "gpu"):
+        raise ValueError(f"ffi_dsa supports JAX arrays on 'cpu' and 'gpu' (CUDA), got platform {platform!r}")
+    with _lock:
+        if platform in _registered:
+            return
+        fn = _ffi_api.topk_indexer_for("cpu" if platform == "cpu" else "cuda")
+        jax_tvm_ffi.register_ffi_target(
+            TARGET, fn, ["args", "rets", "attrs.sorted"], platform=platform,
+            # Not marked command-buffer compatible: for long rows the CUDA path takes a scratch
+            # buffer with cudaMallocAsync on XLA's stream (no allocator is offered to it here), and
+            # a captured graph holding memory nodes cannot become a child node of XLA's command
+            # buffer. Revisit if the kernel gets an XLA-provided workspace.
+            allow_cuda_graph=False,
+        )
+        _registered.add(platform)
+
+
+def _platform_of(arrays) -> tuple[str, bool]:
+    """(platform, known): the platform of a concrete input array (known), else JAX's default
+    device (a guess: under ``jax.jit`` the inputs are tracers and carry no device)."""
+    for a in arrays:
+        try:
+            return next(iter(a.devices())).platform, True
+        except Exception:  # tracers (ConcretizationTypeError), deleted arrays: use the default
+            break
+    default = jax.config.jax_default_device
+    if default is not None:
+        return (default if isinstance(default, str) else default.platform), False
+    return jax.default_backend(), False
+
+
+def _dtype_arg(name: str, dtype) -> tvm_ffi.dtype:
+    try:
+        return tvm_ffi.dtype(str(jnp.dtype(dtype)))
+    except Exception:
+        raise TypeError(f"{name} has dtype {dtype}, which cannot be passed to the kernel") from None
+
+
+@functools.lru_cache(maxsize=512)
+def check_shapes(shapes: tuple, dtypes: tuple, topk: int) -> None:
+    """Run the kernel's own C++ argument checks on shapes and dtypes (cached for valid inputs)."""
+    if topk < 0:  # not a tensor shape yet, so C++ cannot see it
+        raise ValueError(f"topk must be >= 0, got {topk}")
+    batch = shapes[0][0] if shapes[0] else 0
+    args = []
+    for name, shape, dtype in zip(_ARG_NAMES, shapes, dtypes):
+        args += [shape, _dtype_arg(name, dtype)]
+    _ffi_api.cpu_module()["check_shapes"](*args, (batch, topk), tvm_ffi.dtype("int32"))
+
+
+def _ffi_topk(q, k_cache, weights, seq_lens, block_table, *, topk: int, sorted: bool):
+    batch = q.shape[0]
+    call = jax.ffi.ffi_call(
+        TARGET,
+        jax.ShapeDtypeStruct((batch, topk), jnp.int32),
+        # Only reached if the raw primitive is vmapped outside the custom_vmap rule below.
+        vmap_method="sequential",
+    )
+    return call(q, k_cache, weights, seq_lens, block_table, sorted=bool(sorted))
+
+
+@functools.cache
+def _batched_op(topk: int, sorted: bool):
+    """The op with a vmap rule that uses the kernel's own batch dimension.
+
+    Every argument but the cache is per row ([B, ...]) and rows are independent, so vmapping over
+    requests that share one paged cache (the usual case: one page pool, many sequences) is the
+    same op on a bigger batch: fold the vmapped axis into B and launch once, instead of XLA's
+    generic "sequential" (one launch per element, in a loop). When the cache itself is vmapped
+    (one pool per element), page ids of different elements name different pages, so those
+    elements run one after the other (lax.map, i.e. "sequential").
+    """
+
+    @jax.custom_batching.custom_vmap
+    def op(q, k_cache, weights, seq_lens, block_table):
+        return _ffi_topk(q, k_cache, weights, seq_lens, block_table, topk=topk, sorted=sorted)
+
+    @op.def_vmap
+    def _rule(axis_size, in_batched, q, k_cache, weights, seq_lens, block_table):
+        def lead(x, batched):  # give every argument the vmapped axis in front
+            return x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
+
+        q_b, k_b, w_b, s_b, t_b = in_batched
+        if k_b:
+            rows = tuple(lead(x, b) for x, b in zip((q, weights, seq_lens, block_table), (q_b, w_b, s_b, t_b)))
+            out = jax.lax.map(lambda a: op(a[0], a[1], a[2], a[3], a[4]),
+                              (rows[0], k_cache, rows[1], rows[2], rows[3]))
+            return out, True
+
+        def fold(x, batched):  # [N, B, ...] -> [N * B, ...]
+            x = lead(x, batched)
+            return x.reshape((-1, *x.shape[2:]))
+
+        batch = q.shape[1] if q_b else q.shape[0]
+        out = op(fold(q, q_b), k_cache, fold(weights, w_b), fold(seq_lens, s_b), fold(block_table, t_b))
+        return out.reshape(axis_size, batch, topk), True
+
+    # jit: an eager call then reuses one compiled executable per shape (about half the overhead of
+    # binding custom_vmap eagerly); inside a caller's jit this simply inlines.
+    return jax.jit(op)
+
+
+def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = 2048, sorted: bool = False):
+    """int32 ``[B, topk]``: the top-K token ids of each row (SPEC.md), as a JAX array.
+
+    Works eagerly and inside ``jax.jit`` (``topk`` and ``sorted`` must be static there) and
+    ``jax.vmap``. Shape/dtype mistakes raise ValueError/TypeError at trace time.
+    """
+    args = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in (q, k_cache, weights, seq_lens, block_table)]
+    try:
+        topk = int(topk)
+    except TypeError:
+        raise TypeError("topk must be a static Python int (mark it static in jax.jit: "
+                        "static_argnames=('topk', 'sorted'))") from None
+    check_shapes(tuple(tuple(int(d) for d in a.shape) for a in args), tuple(str(a.dtype) for a in args), topk)
+    register("cpu")  # cheap, and lets a jit traced here also run on the CPU
+    platform, known = _platform_of(args)
+    if platform != "cpu":
+        try:
+            register(platform)
+        except Exception as err:
+            if known:
+                raise
+            # Only a guess (tracers, default backend): a jit meant for the CPU must not fail
+            # because the CUDA module cannot be built here. A GPU run would then fail in XLA.
+            warnings.warn(f"ffi_dsa: could not register the {platform!r} FFI target ({err}); "
+                          "only the CPU target is available", RuntimeWarning, stacklevel=2)
+    return _batched_op(topk, bool(sorted))(*args)
+
+
+__all__ = ["topk_indexer", "register", "check_shapes", "TARGET"]

@@ -1,0 +1,104 @@
+"""TVM: the op as a global packed function, called from Relax through ``R.call_dps_packed``.
+
+    from ffi_dsa.integration import tvm_relax
+    tvm_relax.register_global_funcs()               # "ffi_dsa.topk_indexer", "ffi_dsa.topk_indexer_sorted"
+
+    # in TVMScript (apache-tvm 0.27 spells the output type `out_ty`):
+    #     out = R.call_dps_packed("ffi_dsa.topk_indexer", (q, k_cache, weights, seq_lens, block_table),
+    #                             out_ty=R.Tensor((b, 2048), "int32"))
+
+    mod = tvm_relax.indexer_module(topk=2048)       # the same program, built with the BlockBuilder
+    vm = tvm_relax.build(mod, device=tvm.cpu())
+    idx = vm["main"](q, k_cache, weights, seq_lens, block_table)   # tvm.runtime.Tensor [B, 2048] int32
+
+Relax passes DPS arguments as (inputs..., output) with no room for a scalar after the output, so
+each ordering gets its own global: ``ffi_dsa.topk_indexer`` (ascending token position, the default)
+and ``ffi_dsa.topk_indexer_sorted`` (descending score). They forward to the compiled tvm-ffi
+function of the arguments' device (CPU, or CUDA: the CUDA module is built on its first CUDA call)
+and raise its ValueError/TypeError unchanged. Registering needs only tvm-ffi; building and running
+the Relax program needs apache-tvm (``pip install ffi-dsa[tvm]``).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import tvm_ffi
+
+from .. import _ffi_api
+
+GLOBAL_NAME = "ffi_dsa.topk_indexer"
+GLOBAL_NAME_SORTED = "ffi_dsa.topk_indexer_sorted"
+
+_DEVICE_NAMES = {1: "cpu", 2: "cuda"}  # DLPack device types
+_lock = threading.Lock()
+_registered = False
+
+
+def _make_global(sorted_by_score: bool):
+    functions = {}
+
+    def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk_indices):
+        dev = q.device.dlpack_device_type()
+        fn = functions.get(dev)
+        if fn is None:
+            name = _DEVICE_NAMES.get(dev, f"DLPack device type {dev}")
+            fn = functions[dev] = _ffi_api.topk_indexer_for(name)  # ValueError for other devices
+        fn(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted_by_score)
+
+    return topk_indexer
+
+
+def register_global_funcs() -> None:
+    """Register ``ffi_dsa.topk_indexer`` and ``ffi_dsa.topk_indexer_sorted`` (idempotent)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        tvm_ffi.register_global_func(GLOBAL_NAME, _make_global(False), override=True)
+        tvm_ffi.register_global_func(GLOBAL_NAME_SORTED, _make_global(True), override=True)
+        _registered = True
+
+
+def indexer_module(topk: int = 2048, sorted: bool = False):
+    """A Relax IRModule whose ``main(q, k_cache, weights, seq_lens, block_table)`` returns the
+    int32 ``[b, topk]`` top-K ids through ``R.call_dps_packed``.
+
+    The parameters are declared loosely (symbolic dims, any dtype; only q's rank is fixed, since
+    b comes from it): one build serves every batch and pool size, and a wrong shape or dtype
+    reaches the kernel's own checks, which raise ValueError/TypeError naming the argument,
+    instead of Relax's generic signature-check errors.
+    """
+    from tvm import relax, tirx
+
+    topk = int(topk)
+    if topk < 0:
+        raise ValueError(f"topk must be >= 0, got {topk}")
+    register_global_funcs()
+    b, h, d = (tirx.Var(n, "int64") for n in ("b", "h", "d"))
+    T = relax.TensorType
+    q = relax.Var("q", T([b, h, d], dtype=None))
+    params = [q] + [relax.Var(n, T(dtype=None, ndim=-1)) for n in ("k_cache", "weights", "seq_lens", "block_table")]
+
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(relax.call_dps_packed(
+                GLOBAL_NAME_SORTED if sorted else GLOBAL_NAME, relax.Tuple(params),
+                out_ty=T([b, topk], "int32")))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def build(mod, device=None, target: str | None = None):
+    """Compile a Relax module and return a ``relax.VirtualMachine`` on ``device`` (CPU default)."""
+    import tvm
+    from tvm import relax
+
+    device = device if device is not None else tvm.cpu()
+    if target is None:
+        target = "llvm" if device.dlpack_device_type() == 1 else "cuda"
+    return relax.VirtualMachine(relax.build(mod, target=target), device)
+
+
+__all__ = ["register_global_funcs", "indexer_module", "build", "GLOBAL_NAME", "GLOBAL_NAME_SORTED"]

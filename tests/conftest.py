@@ -1,0 +1,190 @@
+"""Shared fixtures and builders for the ffi_dsa test suite (see SPEC.md).
+
+* ``device``: every device test runs on "cpu" and "cuda"; the cuda cases carry ``@pytest.mark.cuda``
+  and are skipped when ``torch.cuda.is_available()`` is False.
+* ``poisoned`` / ``run_dps``: outputs are filled with a sentinel before each call, and every element is
+  checked to have been overwritten afterwards.
+* ``make_exact_batch``: batches whose scores are exact in any accumulation order (small integers in
+  q, k and weights, unit scales), so the tie rule can be checked exactly against ``ffi_dsa.reference``.
+* ``set_token`` / ``token_id``: edit one token of the paged cache through the SPEC's page layout.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import ffi_dsa
+from ffi_dsa.workloads import Batch, make_batch
+
+PAGE_TOKENS = 64
+HEAD_DIM = 128
+NUM_HEADS = 64
+PAGE_BYTES = 8448          # 64 tokens * 132 bytes
+PAGE_FP8_BYTES = 8192      # the 64 token rows of 128 fp8 bytes come first, then 64 float32 scales
+DEFAULT_K = 2048
+
+SENTINEL = 0x7EEEEEEE      # never a valid id (ids are < num_pages * 64) and never -1
+FP8 = ml_dtypes.float8_e4m3fn
+FP8_NAN_BYTES = (0x7F, 0xFF)  # e4m3fn has no inf: these two bytes are its NaNs
+
+CUDA = torch.cuda.is_available()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Anything marked ``cuda`` (tests or device params) is skipped cleanly without a GPU."""
+    if CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    return request.param
+
+
+# ----------------------------------------------------------------------------------------------
+# Outputs: poison, run, check that everything was written.
+# ----------------------------------------------------------------------------------------------
+
+def poisoned(shape, device="cpu", dtype=torch.int32, value=SENTINEL):
+    """A torch output buffer filled with `value` (the sentinel by default)."""
+    return torch.full(shape, value, dtype=dtype, device=device)
+
+
+def poisoned_np(shape, dtype=np.int32, value=SENTINEL):
+    return np.full(shape, value, dtype=dtype)
+
+
+def assert_all_written(out) -> None:
+    host = out.cpu().numpy() if isinstance(out, torch.Tensor) else np.asarray(out)
+    unwritten = np.argwhere(host == SENTINEL)
+    assert unwritten.size == 0, f"{len(unwritten)} output elements were never written, first at {unwritten[:3].tolist()}"
+
+
+def run_dps(args, topk=DEFAULT_K, *, sorted=False, validate=False) -> np.ndarray:
+    """``ffi_dsa.call`` into a poisoned torch buffer on the arguments' device; returns host int32.
+
+    Checks that every element of the output was written.
+    """
+    q = args[0]
+    out = poisoned((q.shape[0], topk), q.device)
+    ffi_dsa.call(*args, out, sorted=sorted, validate=validate)
+    assert_all_written(out)
+    return out.cpu().numpy()
+
+
+def assert_valid_topk(out, batch_or_args, *, sorted=False):
+    """The SPEC tolerance rule (``ffi_dsa.check_topk``) holds for every row."""
+    args = batch_or_args.args() if isinstance(batch_or_args, Batch) else batch_or_args
+    problems = ffi_dsa.check_topk(out, *args, sorted=sorted)
+    assert problems == [], "\n".join(problems[:10])
+
+
+def assert_exact(out, batch: Batch, topk=DEFAULT_K, *, sorted=False):
+    """Byte-exact agreement with the float64 reference (only meaningful on exact-score data)."""
+    expected = ffi_dsa.reference(*batch.args(), topk=topk, sorted=sorted)
+    out = np.asarray(out)
+    assert out.dtype == np.int32 and out.shape == expected.shape
+    if not np.array_equal(out, expected):
+        rows = np.nonzero((out != expected).any(axis=1))[0]
+        b = int(rows[0])
+        col = int(np.argmax(out[b] != expected[b]))
+        raise AssertionError(f"rows {rows.tolist()[:8]} differ from the reference; row {b} first differs at "
+                             f"column {col}: got {out[b, col:col + 6].tolist()}, "
+                             f"expected {expected[b, col:col + 6].tolist()}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Editing the paged cache through the SPEC's page layout.
+# ----------------------------------------------------------------------------------------------
+
+def fp8_bytes(values) -> np.ndarray:
+    """float values -> float8_e4m3fn bytes (uint8)."""
+    return np.asarray(values, dtype=np.float32).astype(FP8).view(np.uint8)
+
+
+def page_bytes(batch: Batch) -> np.ndarray:
+    """A writable ``[num_pages, 8448]`` uint8 view of the batch's cache."""
+    view = batch.k_cache.view(np.uint8).reshape(-1, PAGE_BYTES)
+    assert np.shares_memory(view, batch.k_cache)
+    return view
+
+
+def page_slot(batch: Batch, b: int, t: int) -> tuple[int, int]:
+    """Where token `t` of row `b` lives: (block_table[b, t // 64], t % 64)."""
+    return int(batch.block_table[b, t // PAGE_TOKENS]), t % PAGE_TOKENS
+
+
+def token_id(batch: Batch, b: int, t: int) -> int:
+    """The global id of token `t` of row `b`: page * 64 + slot."""
+    page, slot = page_slot(batch, b, t)
+    return page * PAGE_TOKENS + slot
+
+
+def row_ids(batch: Batch, b: int, positions) -> list[int]:
+    return [token_id(batch, b, int(t)) for t in positions]
+
+
+def set_key_bytes(batch: Batch, page: int, slot: int, raw: np.ndarray) -> None:
+    page_bytes(batch)[page, slot * HEAD_DIM:(slot + 1) * HEAD_DIM] = raw
+
+
+def set_scale(batch: Batch, page: int, slot: int, scale: float) -> None:
+    off = PAGE_FP8_BYTES + 4 * slot
+    page_bytes(batch)[page, off:off + 4] = np.array([scale], dtype="<f4").view(np.uint8)
+
+
+def set_token(batch: Batch, b: int, t: int, key=None, scale=None, raw=None) -> int:
+    """Overwrite token `t` of row `b`: its 128 key values (or raw fp8 bytes) and/or its scale.
+
+    Returns the token's global id.
+    """
+    page, slot = page_slot(batch, b, t)
+    if key is not None:
+        set_key_bytes(batch, page, slot, fp8_bytes(np.broadcast_to(np.asarray(key, np.float32), (HEAD_DIM,))))
+    if raw is not None:
+        set_key_bytes(batch, page, slot, np.asarray(raw, dtype=np.uint8))
+    if scale is not None:
+        set_scale(batch, page, slot, scale)
+    return page * PAGE_TOKENS + slot
+
+
+def make_exact_batch(seq_lens, *, seed: int, q_values=(-2, -1, 0, 1, 2), k_values=(-2, -1, 0, 1, 2),
+                     w_values=(-2, -1, 1, 2), active_dims: int = HEAD_DIM, spare_pages: int = 0,
+                     max_pages: int | None = None) -> Batch:
+    """A batch whose scores are exact in float32 whatever the accumulation order.
+
+    q, k and weights are small integers (exactly representable in fp8 / float32), only the first
+    `active_dims` dims of q and k are non-zero, and every scale is 1.0. With |q|, |k|, |w| <= 2:
+    |logit| <= 128 * 4 = 512 and |score| <= 64 * 2 * 512 = 65536 < 2**24, so every partial sum is an
+    integer float32 represents exactly. Pages are a shuffled pool, so global-id order differs from
+    position order.
+    """
+    batch = make_batch(seq_lens, seed=seed, spare_pages=spare_pages, max_pages=max_pages, scale_range=None)
+    rng = np.random.default_rng(seed + 1_000_003)
+    B = batch.q.shape[0]
+    num_pages = batch.k_cache.shape[0]
+
+    q = rng.choice(np.asarray(q_values, np.float32), size=(B, NUM_HEADS, HEAD_DIM))
+    q[..., active_dims:] = 0
+    batch.q[...] = fp8_bytes(q)
+    batch.weights[...] = rng.choice(np.asarray(w_values, np.float32), size=(B, NUM_HEADS))
+
+    k = rng.choice(np.asarray(k_values, np.float32), size=(num_pages, PAGE_TOKENS, HEAD_DIM))
+    k[..., active_dims:] = 0
+    pages = page_bytes(batch)
+    pages[:, :PAGE_FP8_BYTES] = fp8_bytes(k).reshape(num_pages, -1)
+    pages[:, PAGE_FP8_BYTES:] = np.ones((num_pages, PAGE_TOKENS), dtype="<f4").view(np.uint8)
+    return batch
+
+
+def scores_of_row(batch: Batch, b: int) -> np.ndarray:
+    """float64 reference scores of row `b`, indexed by position (candidates only)."""
+    return ffi_dsa.reference_scores(*batch.args())[b].scores

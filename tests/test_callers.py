@@ -1,0 +1,174 @@
+"""SPEC "Entry points (one compiled op, many callers)".
+
+q may be float8_e4m3fn or "a uint8/int8 view of the same bytes"; the cache may be int8 or uint8. Every
+caller form must give the same bytes. ``ffi_dsa.topk_indexer`` allocates in the caller's framework.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import ffi_dsa
+from ffi_dsa.workloads import make_batch
+
+from conftest import (
+    DEFAULT_K,
+    assert_all_written,
+    assert_exact,
+    assert_valid_topk,
+    make_exact_batch,
+    poisoned,
+    poisoned_np,
+    run_dps,
+)
+
+
+def _numpy_forms(batch):
+    q, k, w, lens, table = batch.args()
+    return {
+        "numpy_q_uint8": (q, k, w, lens, table),
+        "numpy_q_int8": (q.view(np.int8), k, w, lens, table),
+        "numpy_q_float8_e4m3fn": (q.view(ml_dtypes.float8_e4m3fn), k, w, lens, table),
+        "numpy_k_uint8": (q, k.view(np.uint8), w, lens, table),
+    }
+
+
+def _torch_forms(batch, device):
+    q, k, w, lens, table = batch.to_torch(device)
+    assert q.dtype == torch.float8_e4m3fn
+    return {
+        "torch_q_float8_e4m3fn": (q, k, w, lens, table),
+        "torch_q_uint8": (q.view(torch.uint8), k, w, lens, table),
+        "torch_q_int8": (q.view(torch.int8), k, w, lens, table),
+        "torch_k_uint8": (q, k.view(torch.uint8), w, lens, table),
+    }
+
+
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+def test_numpy_and_torch_cpu_callers_agree_byte_for_byte(sorted_):
+    """numpy (q as uint8, int8, ml_dtypes float8_e4m3fn) and torch (q as float8_e4m3fn, uint8, int8)
+    give identical bytes on the CPU."""
+    batch = make_batch([3000, 2048, 5, 0], seed=70)
+    results = {}
+    for name, args in _numpy_forms(batch).items():
+        out = poisoned_np((4, DEFAULT_K))
+        ffi_dsa.call(*args, out, sorted=sorted_)
+        assert_all_written(out)
+        results[name] = out
+    for name, args in _torch_forms(batch, "cpu").items():
+        results[name] = run_dps(args, sorted=sorted_)
+    first = results["numpy_q_uint8"]
+    assert_valid_topk(first, batch, sorted=sorted_)
+    for name, out in results.items():
+        assert out.dtype == np.int32
+        assert np.array_equal(out, first), f"{name} differs from numpy_q_uint8"
+
+
+def test_torch_callers_agree_on_device(device):
+    """On any device, the four torch forms of the same inputs give the same bytes."""
+    batch = make_batch([5000, 100], seed=71)
+    results = {name: run_dps(args) for name, args in _torch_forms(batch, device).items()}
+    first = next(iter(results.values()))
+    assert_valid_topk(first, batch)
+    for name, out in results.items():
+        assert np.array_equal(out, first), name
+
+
+def test_topk_indexer_returns_numpy_for_numpy_input():
+    """The allocating form returns int32 [B, topk] in the caller's array type: numpy for numpy."""
+    batch = make_exact_batch([700, 30], seed=72)
+    for name, args in _numpy_forms(batch).items():
+        out = ffi_dsa.topk_indexer(*args, topk=100)
+        assert isinstance(out, np.ndarray), name
+        assert out.dtype == np.int32 and out.shape == (2, 100)
+        assert_exact(out, batch, topk=100)
+    out = ffi_dsa.topk_indexer(*batch.args(), topk=100, sorted=True)
+    assert_exact(out, batch, topk=100, sorted=True)
+
+
+def test_topk_indexer_returns_torch_for_torch_input(device):
+    """... and a torch tensor on the inputs' device for torch."""
+    batch = make_exact_batch([700, 30], seed=73)
+    for name, args in _torch_forms(batch, device).items():
+        out = ffi_dsa.topk_indexer(*args, topk=100)
+        assert isinstance(out, torch.Tensor), name
+        assert out.dtype == torch.int32 and tuple(out.shape) == (2, 100)
+        assert out.device == args[0].device
+        assert_exact(out.cpu().numpy(), batch, topk=100)
+
+
+def test_default_topk_is_2048(device):
+    batch = make_batch([3000], seed=74)
+    out = ffi_dsa.topk_indexer(*batch.to_torch(device))
+    assert tuple(out.shape) == (1, 2048)
+    assert_valid_topk(out, batch)
+
+
+def test_call_writes_in_place_and_returns_none(device):
+    """Destination-passing style: call() writes topk_indices in place (same storage) and returns None."""
+    batch = make_exact_batch([300, 100], seed=75)
+    out = poisoned((2, 50), device)
+    ptr = out.data_ptr()
+    assert ffi_dsa.call(*batch.to_torch(device), out) is None
+    assert out.data_ptr() == ptr
+    assert_all_written(out)
+    assert_exact(out.cpu().numpy(), batch, topk=50)
+
+
+def test_numpy_output_buffer_with_torch_cpu_inputs():
+    """Any DLPack tensors on one device work together: torch CPU inputs, numpy output."""
+    batch = make_exact_batch([400], seed=76)
+    out = poisoned_np((1, 64))
+    ffi_dsa.call(*batch.to_torch("cpu"), out)
+    assert_all_written(out)
+    assert_exact(out, batch, topk=64)
+
+
+class _DLPackOnly:
+    """A minimal foreign array: only the DLPack protocol, no numpy or torch type."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+    @property
+    def shape(self):
+        return self._array.shape
+
+
+def test_any_dlpack_tensor_is_accepted_by_call():
+    """ffi_dsa.call takes any DLPack tensor (here: objects that only implement the protocol)."""
+    batch = make_exact_batch([500, 64], seed=77)
+    out = poisoned_np((2, 32))
+    ffi_dsa.call(*(_DLPackOnly(a) for a in batch.args()), _DLPackOnly(out))
+    assert_all_written(out)
+    assert_exact(out, batch, topk=32)
+
+
+def test_validate_works_for_numpy_and_torch_inputs():
+    batch = make_exact_batch([500, 64], seed=78)
+    out = ffi_dsa.topk_indexer(*batch.args(), topk=32, validate=True)
+    assert_exact(out, batch, topk=32)
+    out_t = ffi_dsa.topk_indexer(*batch.to_torch("cpu"), topk=32, validate=True)
+    assert np.array_equal(out_t.numpy(), out)
+
+
+def test_inputs_are_not_modified(device):
+    """The op only writes topk_indices: every input keeps its bytes."""
+    batch = make_batch([900, 70], seed=79)
+    args = batch.to_torch(device)
+    before = [a.view(torch.uint8).clone() if a.dtype == torch.float8_e4m3fn else a.clone() for a in args]
+    run_dps(args)
+    run_dps(args, sorted=True)
+    for a, b in zip(args, before):
+        a = a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a
+        assert torch.equal(a, b)
+

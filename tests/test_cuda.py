@@ -1,0 +1,130 @@
+"""CUDA-only checks (Hopper): long rows, large batches, streams, CUDA graphs, CPU/CUDA agreement.
+
+Every device test of the other files also runs on "cuda"; these are the extras that only make sense
+with a GPU. All are skipped when torch.cuda.is_available() is False.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import ffi_dsa
+from ffi_dsa.workloads import make_batch
+
+from conftest import (
+    DEFAULT_K,
+    SENTINEL,
+    assert_all_written,
+    assert_exact,
+    assert_valid_topk,
+    make_exact_batch,
+    poisoned,
+    run_dps,
+)
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [131072, 1_048_576], ids=["128K", "1M"])
+def test_long_row(n):
+    """A single row of 128K / 1M tokens (tolerance rule), both orders."""
+    batch = make_batch([n, 2049], seed=100)
+    rows = ffi_dsa.reference_scores(*batch.args())
+    for sorted_ in (False, True):
+        out = run_dps(batch.to_torch("cuda"), sorted=sorted_)
+        problems = ffi_dsa.check_topk(out, *batch.args(), sorted=sorted_, rows=rows)
+        assert problems == [], problems[:5]
+
+
+def test_batch_of_256_rows():
+    """B = 256 rows of mixed lengths (0 to 6000) in one call (tolerance rule)."""
+    lens = np.random.default_rng(101).integers(0, 6000, size=256)
+    lens[:5] = [0, 1, 2047, 2048, 2049]
+    batch = make_batch(lens, seed=101)
+    out = run_dps(batch.to_torch("cuda"))
+    assert_valid_topk(out, batch)
+
+
+def test_batch_of_256_rows_exact():
+    lens = np.random.default_rng(102).integers(0, 3000, size=256)
+    batch = make_exact_batch(lens, seed=102, q_values=(0, 1), k_values=(0, 1), w_values=(1,), active_dims=3)
+    assert_exact(run_dps(batch.to_torch("cuda")), batch)
+
+
+def test_same_bytes_on_two_streams():
+    """Determinism whatever the stream: launches on two side streams give identical bytes."""
+    batch = make_batch([30000, 5000, 100, 2048], seed=103)
+    args = batch.to_torch("cuda")
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = []
+    for _ in range(3):
+        for s in streams:
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                out = poisoned((4, DEFAULT_K), "cuda")
+                ffi_dsa.call(*args, out)
+            outs.append(out)
+    torch.cuda.synchronize()
+    first = outs[0].cpu().numpy()
+    assert_all_written(first)
+    assert_valid_topk(first, batch)
+    for out in outs[1:]:
+        assert np.array_equal(out.cpu().numpy(), first)
+
+
+def test_cuda_graph_capture_and_replay_with_new_data():
+    """The op captures into a torch.cuda.CUDAGraph; replays after copying new data (new q, keys,
+    weights, lengths) into the same input buffers give the right answer for the new data."""
+    lens = [5000, 3000, 70, 0]
+    first = make_batch(lens, seed=104)
+    static = [t.clone() for t in first.to_torch("cuda")]
+    out = poisoned((4, DEFAULT_K), "cuda")
+
+    side = torch.cuda.Stream()                      # warm up off the capture (module load, attributes)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ffi_dsa.call(*static, out)
+    torch.cuda.current_stream().wait_stream(side)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ffi_dsa.call(*static, out)
+
+    for seed, new_lens in [(105, lens), (106, [4900, 3000, 1, 0]), (107, [5000, 17, 64, 2000])]:
+        batch = make_batch(lens, seed=seed)         # same shapes as `first`
+        batch.seq_lens[:] = new_lens
+        for dst, src in zip(static, batch.to_torch("cuda")):
+            dst.copy_(src)
+        out.fill_(SENTINEL)
+        graph.replay()
+        torch.cuda.synchronize()
+        got = out.cpu().numpy()
+        assert_all_written(got)
+        assert_valid_topk(got, batch)
+        assert np.array_equal(got, run_dps(batch.to_torch("cuda")))
+
+
+def test_cpu_and_cuda_agree_random_via_tolerance():
+    """Both devices give valid top-K answers on the same random batch (they may differ only where the
+    SPEC's tolerance allows)."""
+    batch = make_batch([20000, 4000, 2047, 1], seed=108)
+    for sorted_ in (False, True):
+        cpu = run_dps(batch.to_torch("cpu"), sorted=sorted_)
+        cuda = run_dps(batch.to_torch("cuda"), sorted=sorted_)
+        assert_valid_topk(cpu, batch, sorted=sorted_)
+        assert_valid_topk(cuda, batch, sorted=sorted_)
+        assert ((cpu == -1) == (cuda == -1)).all()
+
+
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+def test_cpu_and_cuda_same_bytes_on_exact_data(sorted_):
+    """On exact-score data the tie rule makes the answer unique: CPU and CUDA give the same bytes."""
+    batch = make_exact_batch([20000, 4000, 2047, 1, 0], seed=109, q_values=(0, 1), k_values=(0, 1),
+                             w_values=(1,), active_dims=4)
+    cpu = run_dps(batch.to_torch("cpu"), sorted=sorted_)
+    cuda = run_dps(batch.to_torch("cuda"), sorted=sorted_)
+    assert np.array_equal(cpu, cuda)
+    assert_exact(cuda, batch, sorted=sorted_)

@@ -1,0 +1,168 @@
+"""JAX: the XLA FFI target through ffi_dsa.integration.jax_ffi, eager, under jax.jit and jax.vmap.
+
+Results are compared byte for byte with ``ffi_dsa.call`` (numpy) on the same inputs and checked
+with ``ffi_dsa.check_topk``. GPU cases need a JAX CUDA backend and carry ``@pytest.mark.cuda``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with torch tests
+jax = pytest.importorskip("jax")
+pytest.importorskip("jax_tvm_ffi")
+import jax.numpy as jnp  # noqa: E402
+
+import ffi_dsa  # noqa: E402
+from ffi_dsa.integration import jax_ffi  # noqa: E402
+from ffi_dsa.workloads import make_batch  # noqa: E402
+
+
+def _jax_gpu():
+    try:
+        return jax.devices("gpu")[0]
+    except RuntimeError:
+        return None
+
+
+GPU = _jax_gpu()
+PLATFORMS = ["cpu", pytest.param("gpu", marks=[pytest.mark.cuda,
+                                                pytest.mark.skipif(GPU is None, reason="needs a JAX GPU")])]
+K = 16
+LENS = [150, 3, 0, 300]
+jitted = jax.jit(jax_ffi.topk_indexer, static_argnames=("topk", "sorted"))
+
+
+@pytest.fixture(params=PLATFORMS)
+def platform(request):
+    return request.param
+
+
+def on(platform, batch, q_dtype=jnp.float8_e4m3fn):
+    device = jax.devices("cpu")[0] if platform == "cpu" else GPU
+    q = jnp.asarray(batch.q).view(q_dtype)
+    return [jax.device_put(a, device) for a in (q, *map(jnp.asarray, batch.args()[1:]))]
+
+
+def expected(batch, topk=K, sorted=False):
+    out = np.empty((len(batch.seq_lens), topk), np.int32)
+    ffi_dsa.call(*batch.args(), out, sorted=sorted)
+    return out
+
+
+def assert_same(got, batch, topk=K, sorted=False):
+    got = np.asarray(got)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, expected(batch, topk, sorted))
+    assert ffi_dsa.check_topk(got, *batch.args(), sorted=sorted) == []
+
+
+@pytest.mark.parametrize("sorted_", [False, True])
+@pytest.mark.parametrize("q_dtype", [jnp.float8_e4m3fn, jnp.uint8])
+def test_eager_and_jit_match_call(platform, sorted_, q_dtype):
+    batch = make_batch(LENS, seed=1, spare_pages=3)
+    args = on(platform, batch, q_dtype)
+    assert_same(jax_ffi.topk_indexer(*args, topk=K, sorted=sorted_), batch, sorted=sorted_)
+    got = jitted(*args, topk=K, sorted=sorted_)
+    assert got.devices() == args[0].devices()
+    assert_same(got, batch, sorted=sorted_)
+
+
+def test_package_entry_point_routes_jax_arrays(platform):
+    batch = make_batch(LENS, seed=2)
+    got = ffi_dsa.topk_indexer(*on(platform, batch), topk=K)
+    assert isinstance(got, jax.Array)
+    assert_same(got, batch)
+
+
+def test_default_topk_is_2048(platform):
+    batch = make_batch([2100, 5], seed=3)
+    got = jitted(*on(platform, batch))
+    assert got.shape == (2, 2048)
+    assert_same(got, batch, topk=2048)
+
+
+def test_inside_a_larger_jit(platform):
+    batch = make_batch(LENS, seed=4)
+
+    @jax.jit
+    def step(q, k_cache, weights, seq_lens, block_table):
+        idx = jax_ffi.topk_indexer(q, k_cache, weights * 2.0, seq_lens, block_table, topk=K)
+        return idx, (idx >= 0).sum(axis=1)
+
+    idx, count = step(*on(platform, batch))
+    assert_same(idx, batch)
+    np.testing.assert_array_equal(np.asarray(count), np.minimum(batch.seq_lens, K))
+
+
+def test_vmap_with_shared_cache_folds_into_the_batch(platform):
+    """Two requests of 4 rows sharing one page pool: one launch of 8 rows, same bytes as 2 calls."""
+    a = make_batch(LENS, seed=5, spare_pages=3)
+    q, k, w, s, bt = on(platform, a)
+    qs, ws, ss, bts = (jnp.stack([x, x[::-1]]) for x in (q, w, s, bt))
+    fn = jax.jit(jax.vmap(lambda q_, w_, s_, t_: jax_ffi.topk_indexer(q_, k, w_, s_, t_, topk=K)))
+    jaxpr = str(jax.make_jaxpr(fn)(qs, ws, ss, bts))
+    assert jaxpr.count("ffi_call[") == 1 and "i32[8,16] = ffi_call" in jaxpr
+    assert "while[" not in jaxpr and "scan[" not in jaxpr
+    got = np.asarray(fn(qs, ws, ss, bts))
+    assert got.shape == (2, 4, K)
+    np.testing.assert_array_equal(got[0], expected(a))
+    np.testing.assert_array_equal(got[1], expected(a)[::-1])
+    # only q batched; others broadcast
+    got_q = np.asarray(jax.vmap(lambda q_: jax_ffi.topk_indexer(q_, k, w, s, bt, topk=K))(qs))
+    np.testing.assert_array_equal(got_q[0], expected(a))
+
+
+def test_vmap_with_batched_cache_runs_each_element(platform):
+    a, b = make_batch(LENS, seed=6, spare_pages=3), make_batch(LENS, seed=7, spare_pages=3)
+    stacked = [jnp.stack(pair) for pair in zip(on(platform, a), on(platform, b))]
+    fn = jax.jit(jax.vmap(lambda *x: jax_ffi.topk_indexer(*x, topk=K)))
+    assert "i32[4,16] = ffi_call" in str(jax.make_jaxpr(fn)(*stacked))  # per element, in a loop
+    got = np.asarray(fn(*stacked))
+    np.testing.assert_array_equal(got[0], expected(a))
+    np.testing.assert_array_equal(got[1], expected(b))
+
+
+def test_empty_batch(platform):
+    args = on(platform, make_batch([]))
+    assert jitted(*args, topk=K).shape == (0, K)
+    stacked_q = jnp.stack([args[0]] * 3)
+    assert jax.vmap(lambda q: jax_ffi.topk_indexer(q, *args[1:], topk=K))(stacked_q).shape == (3, 0, K)
+
+
+@pytest.mark.parametrize("index, edit, error, match", [
+    (2, lambda x: x.astype(jnp.float16), TypeError, "weights must be float32"),
+    (0, lambda x: x.astype(jnp.float32), TypeError, "q_index_fp8"),
+    (0, lambda x: x.astype(jnp.complex64), TypeError, "q_index_fp8"),
+    (1, lambda x: x[..., :100], ValueError, "k_index_cache_fp8"),
+    (4, lambda x: x[:2], ValueError, "block_table"),
+    (3, lambda x: x[:, None], ValueError, "seq_lens must have rank 1"),
+])
+def test_errors_raise_before_xla(platform, index, edit, error, match):
+    args = on(platform, make_batch(LENS, seed=8))
+    args[index] = edit(args[index])
+    with pytest.raises(error, match=match):
+        jax_ffi.topk_indexer(*args, topk=K)
+    with pytest.raises(error, match=match):
+        jitted(*args, topk=K)
+
+
+def test_topk_errors(platform):
+    args = on(platform, make_batch(LENS, seed=9))
+    with pytest.raises(ValueError, match="K <= 2048"):
+        jitted(*args, topk=4096)
+    with pytest.raises(ValueError, match="topk must be >= 0"):
+        jitted(*args, topk=-1)
+    with pytest.raises(TypeError, match="static"):
+        jax.jit(jax_ffi.topk_indexer)(*args, topk=K)
+
+
+def test_shape_check_is_the_cpp_one():
+    """The Python side has no checks of its own: check_shapes forwards to the exported C++."""
+    jax_ffi.check_shapes.cache_clear()
+    with pytest.raises(ValueError, match="q_index_fp8 dimension 1 must be 64"):
+        jax_ffi.check_shapes(((2, 63, 128), (3, 64, 1, 132), (2, 64), (2,), (2, 3)),
+                             ("float8_e4m3fn", "int8", "float32", "int32", "int32"), K)
