@@ -34,7 +34,7 @@ def device_type(x) -> str:
     raise ValueError(f"ffi_dsa supports CPU and CUDA tensors, got DLPack device type {dev_type}")
 
 
-def as_dlpack_ready(x, name: str, fp8_ok: bool = False):
+def as_dlpack_ready(x, name: str, fp8_ok: bool = False, output: bool = False):
     """numpy float8 arrays cannot be exported through DLPack. The one fp8 argument
     (q_index_fp8, float8_e4m3fn) travels as a uint8 view of the same bytes; any other float8
     (another fp8 format, or fp8 where the op wants something else) is a dtype error."""
@@ -43,6 +43,11 @@ def as_dlpack_ready(x, name: str, fp8_ok: bool = False):
             return x.view(np.uint8)
         expected = "float8_e4m3fn (or a uint8/int8 view of the same bytes)" if fp8_ok else "not a float8 type"
         raise TypeError(f"{name} must be {expected}, got numpy {x.dtype.name}")
+    if isinstance(x, np.ndarray) and not x.flags.writeable:
+        # DLPack (as numpy exports it) cannot mark a buffer read-only, so numpy refuses to export one.
+        if output:
+            raise ValueError(f"{name} is a read-only numpy array; the op writes into it")
+        return x.copy()  # inputs only: a host copy, on the CPU development path
     return x
 
 

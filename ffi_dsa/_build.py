@@ -65,13 +65,14 @@ def _source_hash(files: list[Path], flags: list[str], tools: list[str]) -> str:
     return digest.hexdigest()[:16]
 
 
-def build(name: str, sources: list[str], *, cflags: list[str], cuda_cflags: list[str] | None = None,
-          ldflags: list[str] | None = None) -> str:
-    """Build (or reuse) module `name` from `sources` (paths relative to native_dir())."""
+def build(name: str, sources: list[str], *, headers: list[str], cflags: list[str],
+          cuda_cflags: list[str] | None = None, ldflags: list[str] | None = None) -> str:
+    """Build (or reuse) module `name` from `sources`; `headers` are the globs (relative to
+    native_dir()) of what they include, so an edit to a CUDA header does not rebuild the CPU module."""
     root = native_dir()
     cuda_cflags = list(cuda_cflags or [])
     ldflags = list(ldflags or [])
-    files = sorted(p for p in root.rglob("*") if p.suffix in {".h", ".cuh", ".cc", ".cu"})
+    files = sorted({p for pattern in headers for p in root.glob(pattern) if p.is_file()} | {root / s for s in sources})
     has_cuda = any(s.endswith(".cu") for s in sources)
     tools = [_tool_version([os.environ.get("CXX", "c++"), "--version"])]
     if has_cuda:
@@ -114,7 +115,8 @@ CPU_FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-
 
 
 def cpu_library() -> str:
-    return build("ffi_dsa_cpu", ["csrc/cpu_binding.cc"], cflags=CPU_FLAGS, ldflags=["-pthread"])
+    return build("ffi_dsa_cpu", ["csrc/cpu_binding.cc"], headers=["include/ffi_dsa/*.h", "include/ffi_dsa/cpu/*.h"],
+                 cflags=CPU_FLAGS, ldflags=["-pthread"])
 
 
 def cuda_library() -> str:
@@ -122,6 +124,7 @@ def cuda_library() -> str:
     return build(
         "ffi_dsa_cuda",
         ["csrc/cuda_binding.cu"],
+        headers=["include/ffi_dsa/*.h", "include/ffi_dsa/impls/*.cuh"],
         cflags=["-O3"],
         # tvm-ffi adds CUDA_GENCODE itself from TVM_FFI_CUDA_ARCH_LIST (set in build()).
         cuda_cflags=["-O3", "-std=c++17", "-lineinfo"],

@@ -27,7 +27,7 @@ def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool 
         _arrays.as_dlpack_ready(weights, "weights"),
         _arrays.as_dlpack_ready(seq_lens, "seq_lens"),
         _arrays.as_dlpack_ready(block_table, "block_table"),
-        _arrays.as_dlpack_ready(topk_indices, "topk_indices"),
+        _arrays.as_dlpack_ready(topk_indices, "topk_indices", output=True),
         bool(sorted),
     )
 

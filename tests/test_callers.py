@@ -172,3 +172,20 @@ def test_inputs_are_not_modified(device):
         a = a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a
         assert torch.equal(a, b)
 
+
+
+def test_read_only_numpy_inputs_work_and_a_read_only_output_is_refused():
+    """numpy cannot export read-only arrays through DLPack (e.g. np.asarray of a JAX array): inputs are
+    accepted anyway; a read-only output raises ValueError naming topk_indices, and nothing is written."""
+    batch = make_batch([300, 90], seed=41)
+    args = [a.copy() for a in batch.args()]
+    for a in args:
+        a.setflags(write=False)
+    out = np.full((2, 16), -7, np.int32)
+    ffi_dsa.call(*args, out)
+    assert ffi_dsa.check_topk(out, *batch.args()) == []
+    frozen = np.full((2, 16), -7, np.int32)
+    frozen.setflags(write=False)
+    with pytest.raises(ValueError, match="topk_indices"):
+        ffi_dsa.call(*batch.args(), frozen)
+    assert (frozen == -7).all()

@@ -1,0 +1,158 @@
+"""CPU benchmark: ffi_dsa vs the naive torch version, side by side in one process.
+
+    python benchmarks/bench_cpu.py [--batch 16 --tokens 8192 --runs 10 --warmup 2 --json PATH]
+    python -m ffi_dsa bench --device cpu [same options]
+
+Both run on the same 16 x 8K-token batch (ffi_dsa.workloads.make_batch, fixed seed), each timed
+as the median of N calls after warm-up with time.perf_counter (interleaved: one call of each
+version per round, so background load hits them alike), and both outputs are checked with
+ffi_dsa.check_topk under the SPEC tolerance (the naive output is ordered by score: sorted=True).
+ffi_dsa is timed with numpy inputs and, when torch is importable, with torch CPU tensors too.
+Exit code: 1 when a check fails, 2 when --min-speedup is given and not met, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import ffi_dsa  # noqa: E402
+from ffi_dsa.workloads import make_batch  # noqa: E402
+
+TOPK = 2048
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_cpu", description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=16, help="rows (default 16)")
+    parser.add_argument("--tokens", type=int, default=8192, help="context tokens per row (default 8192)")
+    parser.add_argument("--runs", type=int, default=10, help="timed calls per version (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch.set_num_threads for the naive version (default: torch's own choice)")
+    parser.add_argument("--no-naive", action="store_true", help="time ffi_dsa only")
+    parser.add_argument("--min-speedup", type=float, default=None,
+                        help="exit 2 unless ffi_dsa (numpy inputs) beats naive torch by this factor")
+    parser.add_argument("--json", type=Path, default=None, help="write the numbers here")
+    a = parser.parse_args(argv)
+
+    lens = np.full(a.batch, a.tokens, dtype=np.int32)
+    t0 = time.perf_counter()
+    batch = make_batch(lens, seed=a.seed)
+    gen_s = time.perf_counter() - t0
+    tokens = batch.tokens
+    machine = f"{os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}"
+    print(f"bench_cpu: B={a.batch} x {a.tokens} tokens = {tokens} tokens, K={TOPK}; {machine}")
+    print(f"  batch generated in {gen_s:.1f} s; timing = median of {a.runs} calls after {a.warmup} warm-up "
+          f"(time.perf_counter, versions interleaved)")
+
+    results: dict[str, dict] = {}
+    failed = False
+
+    def record(name: str, times: list[float], out, sorted_check: bool) -> None:
+        nonlocal failed
+        problems = ffi_dsa.check_topk(out, *batch.args(), sorted=sorted_check)
+        failed |= bool(problems)
+        med = statistics.median(times)
+        results[name] = {
+            "median_us": med * 1e6, "min_us": min(times) * 1e6, "max_us": max(times) * 1e6,
+            "tokens_per_s": tokens / med, "check": "PASS" if not problems else "FAIL",
+            "problems": problems[:3],
+        }
+
+    # The versions are timed interleaved (one call of each per round), so that load from other
+    # processes on a small machine hits all of them alike and the ratio stays meaningful.
+    out_np = np.full((a.batch, TOPK), -7, dtype=np.int32)
+    args_np = batch.args()
+    versions = {"ffi_dsa (numpy)": (lambda: ffi_dsa.call(*args_np, out_np), lambda: out_np, False)}
+
+    torch = None
+    try:
+        import torch
+    except ImportError:
+        print("  torch not importable: ffi_dsa with torch inputs and the naive torch baseline are skipped")
+    if torch is not None:
+        if a.threads:
+            torch.set_num_threads(a.threads)
+        args_t = batch.to_torch("cpu")
+        out_t = torch.full((a.batch, TOPK), -7, dtype=torch.int32)
+        versions["ffi_dsa (torch cpu)"] = (lambda: ffi_dsa.call(*args_t, out_t), lambda: out_t, False)
+        if not a.no_naive:
+            from benchmarks.naive_torch import naive_topk_indexer
+
+            holder = {}
+
+            def naive():
+                holder["out"] = naive_topk_indexer(*args_t, topk=TOPK)
+
+            versions[f"naive torch fp32 ({torch.get_num_threads()} threads)"] = (naive, lambda: holder["out"], True)
+
+    ffi_dsa.call(*args_np, out_np)  # loads (first use: builds) the native module
+    for _ in range(a.warmup):
+        for fn, _, _ in versions.values():
+            fn()
+    times = {name: [] for name in versions}
+    for _ in range(a.runs):
+        for name, (fn, _, _) in versions.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    for name, (_, get_out, sorted_check) in versions.items():
+        record(name, times[name], get_out(), sorted_check)
+
+    naive_name = next((k for k in results if k.startswith("naive")), None)
+    base = results[naive_name]["median_us"] if naive_name else None
+    print()
+    print(f"  {'version':<32} {'median us':>12} {'min us':>12} {'tokens/s':>11} {'speed-up':>9}  check")
+    for name, r in results.items():
+        speed = f"{base / r['median_us']:.2f}x" if base else "-"
+        print(f"  {name:<32} {r['median_us']:>12.0f} {r['min_us']:>12.0f} {r['tokens_per_s']:>11.3e} "
+              f"{speed:>9}  {r['check']}{(' ' + r['problems'][0]) if r['problems'] else ''}")
+    speedup = base / results["ffi_dsa (numpy)"]["median_us"] if base else None
+    if speedup is not None:
+        print(f"\n  speed-up of ffi_dsa (numpy inputs) over naive torch: {speedup:.2f}x")
+
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({
+            "date": datetime.date.today().isoformat(), "machine": machine,
+            "command": " ".join(["bench_cpu", *(argv if argv is not None else sys.argv[1:])]),
+            "batch": a.batch, "tokens_per_row": a.tokens, "tokens": tokens, "topk": TOPK,
+            "runs": a.runs, "warmup": a.warmup, "results": results, "speedup_vs_naive": speedup,
+        }, indent=2))
+        print(f"  wrote {a.json}")
+
+    if failed:
+        print("bench_cpu: a result FAILED its check", file=sys.stderr)
+        return 1
+    if a.min_speedup is not None and (speedup is None or speedup < a.min_speedup):
+        print(f"bench_cpu: speed-up {speedup} is below the required {a.min_speedup}x", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# The one script a GPU call runs, from the repository root of the device machine:
+#
+#   bash benchmarks/device_run.sh [build|test|sanitize|bench|all]...      (default: all)
+#
+#   build     import ffi_dsa, force the CUDA module build, print ptxas resource usage (-Xptxas -v)
+#   test      python3 -m pytest -q -x tests                      -> $OUT/pytest.log
+#   sanitize  compute-sanitizer memcheck / racecheck / synccheck over benchmarks/sanitize_cases.py
+#                                                                -> $OUT/sanitize.log
+#   bench     benchmarks/bench_gpu.py                            -> $OUT/bench.{log,json,png}
+#
+# The device image has python3 3.12, torch (CUDA), JAX, nvcc at /usr/local/cuda and ninja, but not
+# apache-tvm-ffi / jax-tvm-ffi: those travel as cp312 wheels in .whl/ (name .whl in the call's
+# carry). A failing step does not stop the next one; the exit code is non-zero if any failed.
+# Knobs (environment): BENCH_ARGS (extra bench_gpu.py options, e.g. "--workloads W1,W5"),
+# PYTEST_ARGS (default "-q -x tests"), SANITIZE_TOOLS (default "memcheck racecheck synccheck"),
+# SANITIZE_TIMEOUT (seconds per tool, default 150), FFI_DSA_CACHE_DIR (default /tmp/ffi_dsa_cache).
+set -u
+cd "$(dirname "$0")/.." || exit 1
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "device_run: installing the carried wheels in .whl/ failed"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+else
+  echo "device_run: no .whl/*.whl carried (name .whl in carry); using whatever tvm_ffi is installed"
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+export PYTHONUNBUFFERED=1
+export FFI_DSA_CACHE_DIR=${FFI_DSA_CACHE_DIR:-/tmp/ffi_dsa_cache}
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export PATH=$CUDA_HOME/bin:$PATH
+export XLA_PYTHON_CLIENT_PREALLOCATE=false   # JAX tests must not take 75% of the GPU up front
+export OUT=${OUT:-$PWD/.device_out}
+mkdir -p "$OUT" "$FFI_DSA_CACHE_DIR"
+
+python3 -c "import tvm_ffi" 2>/dev/null || { echo "device_run: tvm_ffi is not importable; carry its wheel in .whl/"; exit 1; }
+
+GENCODE="-gencode=arch=compute_90a,code=sm_90a"
+FAILED=()
+SUMMARY=()
+
+header() { printf '\n==================== %s ====================\n' "$*"; }
+
+run_step() {  # run_step NAME FUNCTION
+  local name=$1 fn=$2 start rc ms took
+  header "$name"
+  start=$(date +%s%N)
+  "$fn"
+  rc=$?
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  took=$(printf '%d.%d' $((ms / 1000)) $(((ms % 1000) / 100)))
+  if [ "$rc" -eq 0 ]; then
+    SUMMARY+=("$(printf '%-9s OK      %7s s' "$name" "$took")")
+  else
+    SUMMARY+=("$(printf '%-9s FAILED  %7s s  (exit %s)' "$name" "$took" "$rc")")
+    FAILED+=("$name")
+  fi
+  printf -- '---- %s: %s in %s s ----\n' "$name" "$([ "$rc" -eq 0 ] && echo OK || echo "FAILED (exit $rc)")" "$took"
+}
+
+env_info() {
+  header "environment"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | head -4
+  python3 - <<'EOF'
+import sys
+import tvm_ffi
+print(f"python {sys.version.split()[0]}, tvm_ffi {tvm_ffi.__version__}", end="")
+try:
+    import torch
+    print(f", torch {torch.__version__} (CUDA {torch.version.cuda}, available={torch.cuda.is_available()})")
+except Exception as exc:  # noqa: BLE001
+    print(f", torch not importable: {exc}")
+EOF
+  "$CUDA_HOME/bin/nvcc" --version 2>&1 | tail -2 | head -1
+  echo "OUT=$OUT FFI_DSA_CACHE_DIR=$FFI_DSA_CACHE_DIR CUDA_HOME=$CUDA_HOME"
+}
+
+step_build() {
+  local tvm_inc dl_inc rc src
+  tvm_inc=$(python3 -c 'import tvm_ffi.libinfo as l; print(l.find_include_path())')
+  dl_inc=$(python3 -c 'import tvm_ffi.libinfo as l; print(l.find_dlpack_include_path())')
+  src=cuda/csrc/cuda_binding.cu
+  # ptxas resource usage, compiled beside the package's own build (same flags, plus -Xptxas -v)
+  if [ -f "$src" ]; then
+    ( "$CUDA_HOME/bin/nvcc" -std=c++17 -O3 -lineinfo $GENCODE -Xptxas -v -c -o /dev/null "$src" \
+        -I cuda/include -I "$tvm_inc" -I "$dl_inc" >"$OUT/build.log" 2>&1; echo "nvcc exit $?" >>"$OUT/build.log" ) &
+    local ptxas_pid=$!
+  else
+    echo "build: $src does not exist (yet)"
+  fi
+  python3 - <<'EOF'
+import time
+start = time.perf_counter()
+import ffi_dsa
+from ffi_dsa import _build, _ffi_api
+print(f"ffi_dsa imported from {ffi_dsa.__file__}")
+print(f"CPU module:  {_build.cpu_library()}")
+_ffi_api.cpu_module()
+print(f"CUDA module: {_build.cuda_library()}")
+_ffi_api.cuda_module()
+print(f"both modules load ({time.perf_counter() - start:.1f} s)")
+EOF
+  rc=$?
+  if [ -n "${ptxas_pid:-}" ]; then
+    wait "$ptxas_pid"
+    echo "---- ptxas resource usage (nvcc -Xptxas -v, full log in \$OUT/build.log) ----"
+    local filt=cat
+    command -v c++filt >/dev/null 2>&1 && filt=c++filt
+    grep -E "Compiling entry|Used [0-9]+ registers|spill|nvcc exit|error" "$OUT/build.log" \
+      | sed -E "s/Compiling entry function '([^']+)'.*/kernel \1/" | $filt | head -60
+    grep -q "nvcc exit 0" "$OUT/build.log" || rc=1
+  fi
+  return $rc
+}
+
+step_test() {
+  python3 -c "import pytest" 2>/dev/null || { echo "test: pytest is not importable here (carry its wheels in .whl/)"; return 1; }
+  set -o pipefail
+  # shellcheck disable=SC2086
+  python3 -m pytest ${PYTEST_ARGS:--q -x tests} 2>&1 | tee "$OUT/pytest.log"
+  local rc=$?
+  set +o pipefail
+  [ "$rc" -eq 5 ] && echo "test: pytest collected no tests (exit 5): counted as a failure"
+  return $rc
+}
+
+step_sanitize() {
+  local tool rc=0 one sanitizer
+  sanitizer=$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")
+  [ -x "$sanitizer" ] || { echo "sanitize: compute-sanitizer not found"; return 1; }
+  : >"$OUT/sanitize.log"
+  # build (or load) the CUDA module outside the sanitizer: nvcc must not run under it
+  python3 -c "from ffi_dsa import _ffi_api; _ffi_api.cuda_module()" || return 1
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+    echo "-- compute-sanitizer --tool $tool"
+    # PYTORCH_NO_CUDA_MEMORY_CACHING: exact allocations, so memcheck sees every out-of-bounds byte
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-150}" \
+      "$sanitizer" --tool "$tool" --error-exitcode 99 python3 benchmarks/sanitize_cases.py \
+      >"$OUT/sanitize_$tool.tmp" 2>&1
+    one=$?
+    { echo "===== $tool (exit $one) ====="; cat "$OUT/sanitize_$tool.tmp"; } >>"$OUT/sanitize.log"
+    grep -E "sanitize case|SUMMARY" "$OUT/sanitize_$tool.tmp" | head -20
+    [ "$one" -ne 0 ] && { echo "   first lines of the $tool report:"; grep -E "^=========" "$OUT/sanitize_$tool.tmp" | head -25; }
+    rm -f "$OUT/sanitize_$tool.tmp"
+    [ "$one" -eq 124 ] && echo "   $tool: timed out after ${SANITIZE_TIMEOUT:-150} s"
+    echo "   $tool: exit $one"
+    [ "$one" -ne 0 ] && rc=1
+  done
+  return $rc
+}
+
+step_bench() {
+  set -o pipefail
+  # shellcheck disable=SC2086
+  python3 benchmarks/bench_gpu.py --json "$OUT/bench.json" --plot "$OUT/bench.png" ${BENCH_ARGS:-} 2>&1 \
+    | tee "$OUT/bench.log"
+  local rc=$?
+  set +o pipefail
+  return $rc
+}
+
+STEPS=("$@")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(all)
+EXPANDED=()
+for s in "${STEPS[@]}"; do
+  case "$s" in
+    all) EXPANDED+=(build test sanitize bench) ;;
+    build|test|sanitize|bench) EXPANDED+=("$s") ;;
+    *) echo "usage: bash benchmarks/device_run.sh [build|test|sanitize|bench|all]..."; exit 2 ;;
+  esac
+done
+
+T0=$(date +%s)
+env_info
+for s in "${EXPANDED[@]}"; do
+  run_step "$s" "step_$s"
+done
+
+header "summary ($(( $(date +%s) - T0 )) s)"
+printf '%s\n' "${SUMMARY[@]}"
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "FAILED: ${FAILED[*]}"
+  exit 1
+fi
+echo "all steps passed"

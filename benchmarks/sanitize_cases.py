@@ -1,0 +1,78 @@
+"""A small, representative set of ffi_dsa calls for compute-sanitizer (memcheck, racecheck,
+synccheck, initcheck): every code path of the kernel once, at sizes the tools get through quickly.
+
+    compute-sanitizer --tool memcheck python3 benchmarks/sanitize_cases.py [--device cuda]
+    python benchmarks/sanitize_cases.py --device cpu      (the same cases on the CPU path)
+
+Cases: lengths 0, 1, 2047, 2048, 2049 (around K), a multi-chunk long row (~20K tokens), invalid
+page ids (negative and >= num_pages) inside the used range, a negative and a too-long seq_len,
+sorted=True, and B=0. Each output is poisoned first and checked with ffi_dsa.check_topk.
+Run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that memcheck sees exact allocation bounds.
+Exit code 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import ffi_dsa  # noqa: E402
+from ffi_dsa.workloads import make_batch  # noqa: E402
+
+TOPK = 2048
+
+
+def cases():
+    yield "lengths 0,1,2047,2048,2049", make_batch([0, 1, 2047, 2048, 2049], seed=11), False
+    yield "long row ~20K (multi-chunk) + short", make_batch([20000, 3000], seed=12), False
+    yield "sorted=True", make_batch([2049, 5000, 100, 0], seed=13), True
+
+    bad = make_batch([4096, 4096, 1000, 700], seed=14, max_pages=80)
+    num_pages = bad.k_cache.shape[0]
+    bad.block_table[0, 3] = num_pages          # one past the end
+    bad.block_table[0, 10] = -5                # negative
+    bad.block_table[1, 0] = num_pages + 1000   # far out
+    bad.seq_lens[2] = -3                       # negative length: counts as 0
+    bad.seq_lens[3] = 80 * 64 + 999            # longer than the table: cut to 80 pages (unlisted pages are -1)
+    yield "invalid pages, negative and too-long seq_lens", bad, False
+
+    yield "B=0", make_batch(np.zeros(0, np.int32), seed=15), False
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    a = parser.parse_args(argv)
+
+    failed = 0
+    for name, batch, sorted_ in cases():
+        start = time.perf_counter()
+        rows = len(batch.seq_lens)
+        if a.device == "cuda":
+            import torch
+
+            args = batch.to_torch("cuda")
+            out = torch.full((rows, TOPK), -7, dtype=torch.int32, device="cuda")
+            ffi_dsa.call(*args, out, sorted=sorted_)
+            torch.cuda.synchronize()
+        else:
+            args = batch.args()
+            out = np.full((rows, TOPK), -7, dtype=np.int32)
+            ffi_dsa.call(*args, out, sorted=sorted_)
+        problems = ffi_dsa.check_topk(out, *batch.args(), sorted=sorted_) if rows else []
+        failed += bool(problems)
+        verdict = "ok" if not problems else f"FAIL: {problems[0]}"
+        print(f"sanitize case: {name:<48} {verdict} ({time.perf_counter() - start:.1f} s)", flush=True)
+    print(f"sanitize cases: {'all passed' if not failed else f'{failed} FAILED'}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
