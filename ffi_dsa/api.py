@@ -38,6 +38,9 @@ def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = 2048, s
     if _arrays.framework(q) == "jax":
         from .integration import jax_ffi
 
+        if validate:  # concrete arrays only: under jit there is nothing on the host to look at
+            validate_pages(k_cache, seq_lens, block_table)
+
         return jax_ffi.topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=topk, sorted=sorted)
     topk = int(topk)
     if topk < 0:
