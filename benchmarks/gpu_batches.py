@@ -16,8 +16,7 @@ import numpy as np
 import torch
 
 from ffi_dsa.kv_cache import HEAD_DIM, PAGE_TOKENS, TOKEN_BYTES, pack_k_cache
-
-NUM_HEADS = 64
+from ffi_dsa.workloads import NUM_HEADS
 PAGE_BYTES = PAGE_TOKENS * TOKEN_BYTES
 
 

@@ -18,8 +18,6 @@ import tvm_ffi
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
-# Hopper only: the CUDA kernel uses wgmma and setmaxnreg, which exist on sm_90a alone.
-CUDA_GENCODE = "-gencode=arch=compute_90a,code=sm_90a"
 
 
 def native_dir() -> Path:
@@ -90,7 +88,9 @@ def build(name: str, sources: list[str], *, headers: list[str], cflags: list[str
     try:
         if has_cuda:
             os.environ["CUDA_HOME"] = cuda_home()
-            os.environ["TVM_FFI_CUDA_ARCH_LIST"] = "9.0a"  # auto-detection picks sm_90: no wgmma there
+            # Hopper only, and sm_90a exactly: tvm-ffi's auto-detection picks sm_90, where wgmma
+            # does not assemble. "9.0a" becomes -gencode=arch=compute_90a,code=sm_90a.
+            os.environ["TVM_FFI_CUDA_ARCH_LIST"] = "9.0a"
         path = tvm_ffi.cpp.build(
             name=name,
             cpp_files=[str(root / s) for s in sources if not s.endswith(".cu")] or None,
@@ -126,7 +126,7 @@ def cuda_library() -> str:
         ["csrc/cuda_binding.cu"],
         headers=["include/ffi_dsa/*.h", "include/ffi_dsa/impls/*.cuh"],
         cflags=["-O3"],
-        # tvm-ffi adds CUDA_GENCODE itself from TVM_FFI_CUDA_ARCH_LIST (set in build()).
+        # the -gencode flag comes from TVM_FFI_CUDA_ARCH_LIST, set in build()
         cuda_cflags=["-O3", "-std=c++17", "-lineinfo"],
         # libcudart is found where torch or JAX already loaded it, else in the toolkit.
         ldflags=[f"-Wl,-rpath,{home}/lib64"],

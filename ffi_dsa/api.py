@@ -32,6 +32,15 @@ def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool 
     )
 
 
+def checked_topk(topk) -> int:
+    """K as an int, or ValueError: the one check of K that C++ cannot make (a negative K is no
+    output shape), shared by every entry point that allocates the output."""
+    topk = int(topk)
+    if topk < 0:
+        raise ValueError(f"topk must be >= 0, got {topk}")
+    return topk
+
+
 def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = 2048, sorted: bool = False,
                  validate: bool = False):
     """Allocating form of :func:`call`: returns int32 ``[B, topk]`` in the caller's array type."""
@@ -42,9 +51,7 @@ def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = 2048, s
             validate_pages(k_cache, seq_lens, block_table)
 
         return jax_ffi.topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=topk, sorted=sorted)
-    topk = int(topk)
-    if topk < 0:
-        raise ValueError(f"topk must be >= 0, got {topk}")
+    topk = checked_topk(topk)
     batch = q.shape[0] if len(q.shape) else 0
     out = _arrays.empty_like_framework(q, (batch, topk), "int32")
     call(q, k_cache, weights, seq_lens, block_table, out, sorted=sorted, validate=validate)

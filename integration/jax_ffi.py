@@ -26,6 +26,7 @@ import jax_tvm_ffi
 import tvm_ffi
 
 from .. import _ffi_api
+from ..api import checked_topk
 
 TARGET = "ffi_dsa_topk_indexer"
 _ARG_NAMES = ("q_index_fp8", "k_index_cache_fp8", "weights", "seq_lens", "block_table")
@@ -79,8 +80,7 @@ def _dtype_arg(name: str, dtype) -> tvm_ffi.dtype:
 @functools.lru_cache(maxsize=512)
 def check_shapes(shapes: tuple, dtypes: tuple, topk: int) -> None:
     """Run the kernel's own C++ argument checks on shapes and dtypes (cached for valid inputs)."""
-    if topk < 0:  # not a tensor shape yet, so C++ cannot see it
-        raise ValueError(f"topk must be >= 0, got {topk}")
+    checked_topk(topk)  # not a tensor shape yet, so C++ cannot see it
     batch = shapes[0][0] if shapes[0] else 0
     args = []
     for name, shape, dtype in zip(_ARG_NAMES, shapes, dtypes):

@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 
 from .. import _ffi_api
+from ..api import checked_topk
 
 NAMESPACE = "dsa"
 
@@ -68,17 +69,12 @@ def _batch(q: torch.Tensor):
     return q.shape[0] if q.dim() else 0
 
 
-def _check_topk(topk) -> None:
-    if topk < 0:
-        raise ValueError(f"topk must be >= 0, got {topk}")
-
-
 # ---- real kernels (CPU and CUDA dispatch keys) ------------------------------------------------
 
 # The two kernels are on the eager hot path: kept flat (every Python call here costs ~0.1 us).
 def _topk_indexer_kernel(q, k_cache, weights, seq_lens, block_table, topk=2048, sorted=False):
     if topk < 0:
-        _check_topk(topk)
+        checked_topk(topk)
     device = q.device
     out = torch.empty((q.shape[0] if q.dim() else 0, topk), dtype=torch.int32, device=device)
     # Dispatch on q's device: a mismatched argument reaches the C++ placement check (ValueError)
@@ -98,7 +94,7 @@ def _topk_indexer_out_kernel(q, k_cache, weights, seq_lens, block_table, topk_in
 
 def _topk_indexer_fake(q, k_cache, weights, seq_lens, block_table, topk=2048, sorted=False):
     if isinstance(topk, int):
-        _check_topk(topk)
+        checked_topk(topk)
     return q.new_empty((_batch(q), topk), dtype=torch.int32)
 
 

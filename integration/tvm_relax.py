@@ -26,6 +26,7 @@ import threading
 import tvm_ffi
 
 from .. import _ffi_api
+from ..api import checked_topk
 
 GLOBAL_NAME = "ffi_dsa.topk_indexer"
 GLOBAL_NAME_SORTED = "ffi_dsa.topk_indexer_sorted"
@@ -71,9 +72,7 @@ def indexer_module(topk: int = 2048, sorted: bool = False):
     """
     from tvm import relax, tirx
 
-    topk = int(topk)
-    if topk < 0:
-        raise ValueError(f"topk must be >= 0, got {topk}")
+    topk = checked_topk(topk)
     register_global_funcs()
     b, h, d = (tirx.Var(n, "int64") for n in ("b", "h", "d"))
     T = relax.TensorType
