@@ -4,7 +4,7 @@ synccheck, initcheck): every code path of the kernel once, at sizes the tools ge
     compute-sanitizer --tool memcheck python3 benchmarks/sanitize_cases.py [--device cuda]
     python benchmarks/sanitize_cases.py --device cpu      (the same cases on the CPU path)
 
-Cases: lengths 0, 1, 2047, 2048, 2049 (around K), a multi-chunk long row (~20K tokens), invalid
+Cases: lengths 0, 1, 2047, 2048, 2049 (around K), a long row (~20K tokens: many scoring CTAs, a 3-CTA select cluster), invalid
 page ids (negative and >= num_pages) inside the used range, a negative and a too-long seq_len,
 sorted=True, and B=0. Each output is poisoned first and checked with ffi_dsa.check_topk.
 Run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that memcheck sees exact allocation bounds.
@@ -31,7 +31,7 @@ TOPK = 2048
 
 def cases():
     yield "lengths 0,1,2047,2048,2049", make_batch([0, 1, 2047, 2048, 2049], seed=11), False
-    yield "long row ~20K (multi-chunk) + short", make_batch([20000, 3000], seed=12), False
+    yield "long row ~20K (multi-CTA scoring, select cluster) + short", make_batch([20000, 3000], seed=12), False
     yield "sorted=True", make_batch([2049, 5000, 100, 0], seed=13), True
 
     bad = make_batch([4096, 4096, 1000, 700], seed=14, max_pages=80)

@@ -54,6 +54,26 @@ def test_batch_of_256_rows_exact():
     assert_exact(run_dps(batch.to_torch("cuda")), batch)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+@pytest.mark.parametrize("lens", [[131072, 9000, 3], [200_000, 70_000, 0]], ids=["128K", "200K"])
+def test_long_rows_exact_ties_across_ctas(lens, sorted_):
+    """Rows shared by many scoring CTAs and selected by a cluster of CTAs (the 200K row by slices too
+    long for shared memory): with many exact ties, the tie rule must hold across every boundary."""
+    batch = make_exact_batch(lens, seed=110, q_values=(0, 1), k_values=(0, 1), w_values=(1,), active_dims=4)
+    assert_exact(run_dps(batch.to_torch("cuda"), sorted=sorted_), batch, sorted=sorted_)
+
+
+def test_more_rows_than_one_prefix_tile():
+    """1500 short rows (more than one 640-row tile of the device-side page prefix sum), lengths
+    0..300, many rows per scoring CTA; both the tolerance rule and the exact tie rule."""
+    lens = np.random.default_rng(111).integers(0, 300, size=1500)
+    batch = make_batch(lens, seed=111)
+    assert_valid_topk(run_dps(batch.to_torch("cuda")), batch)
+    exact = make_exact_batch(lens, seed=112, q_values=(0, 1), k_values=(0, 1), w_values=(1,), active_dims=3)
+    assert_exact(run_dps(exact.to_torch("cuda")), exact)
+
+
 def test_same_bytes_on_two_streams():
     """Determinism whatever the stream: launches on two side streams give identical bytes."""
     batch = make_batch([30000, 5000, 100, 2048], seed=103)

@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <mutex>
 
-#include "ffi_dsa/impls/sm90_merge_chunks.cuh"
-#include "ffi_dsa/impls/sm90_score_chunk.cuh"
+#include "ffi_dsa/impls/sm90_score_pages.cuh"
+#include "ffi_dsa/impls/sm90_select_rows.cuh"
 #include "ffi_dsa/sm90_schedule.h"
 #include "ffi_dsa/validate.h"
 
@@ -43,9 +43,9 @@ const DeviceInfo& GetDeviceInfo(int device) {
     TVM_FFI_CHECK_CUDA_ERROR(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     info.max_smem_optin = static_cast<size_t>(optin);
     if (info.major == 9 && info.minor == 0) {
-      TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(sm90::ScoreChunkKernel,
+      TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(sm90::ScorePagesKernel,
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-      TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(sm90::MergeChunksKernel,
+      TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(sm90::SelectRowsKernel,
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
     }
     infos[device] = info;
@@ -68,21 +68,33 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   return fn;
 }
 
+CUtensorMap EncodeTiled(void* base, cuuint32_t rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                        const cuuint32_t* box) {
+  CUtensorMap map{};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = TensorMapEncoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, base, dims, strides, box,
+                                        element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) TVM_FFI_THROW(RuntimeError) << "cuTensorMapEncodeTiled failed with CUresult " << r;
+  return map;
+}
+
 // The FP8 rows of every page as a 3-D tensor [num_pages][64 tokens][128 bytes] with the page
 // stride of 8448 bytes; one box is one page, swizzled 128B for wgmma.
 CUtensorMap KCacheTensorMap(const uint8_t* k_cache, int64_t num_pages) {
-  CUtensorMap map{};
-  if (num_pages == 0) return map;  // every page id is invalid: nothing is ever loaded
+  if (num_pages == 0) return CUtensorMap{};  // every page id is invalid: nothing is ever loaded
   const cuuint64_t dims[3] = {ffi_dsa::kHeadDim, ffi_dsa::kPageTokens, static_cast<cuuint64_t>(num_pages)};
   const cuuint64_t strides[2] = {ffi_dsa::kHeadDim, ffi_dsa::kPageBytes};
   const cuuint32_t box[3] = {ffi_dsa::kHeadDim, ffi_dsa::kPageTokens, 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult r = TensorMapEncoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(k_cache),
-                                        dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) TVM_FFI_THROW(RuntimeError) << "cuTensorMapEncodeTiled failed with CUresult " << r;
-  return map;
+  return EncodeTiled(const_cast<uint8_t*>(k_cache), 3, dims, strides, box);
+}
+
+// Q as [B * 64 heads][128 bytes]; one box is one row's 64 heads, swizzled exactly like a K tile.
+CUtensorMap QTensorMap(const uint8_t* q, int64_t batch) {
+  const cuuint64_t dims[2] = {ffi_dsa::kHeadDim, static_cast<cuuint64_t>(batch * ffi_dsa::kNumHeads)};
+  const cuuint64_t strides[1] = {ffi_dsa::kHeadDim};
+  const cuuint32_t box[2] = {ffi_dsa::kHeadDim, ffi_dsa::kNumHeads};
+  return EncodeTiled(const_cast<uint8_t*>(q), 2, dims, strides, box);
 }
 
 // Scratch for rows spanning several chunks. From the caller's framework allocator when tvm-ffi
@@ -134,50 +146,60 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
   }
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device));
 
-  const sm90::ChunkSchedule plan = sm90::PlanChunks(a.batch, a.max_pages, a.topk, info.sm_count, sm90::kMergeSmemKeys);
-  const int64_t slots = a.batch * plan.chunks_per_row;
-  const size_t count_bytes = AlignUp(slots * sizeof(int32_t));
-  const size_t cand_bytes = AlignUp(slots * plan.cand_stride * sizeof(uint32_t));
-  Workspace workspace(plan.chunks_per_row > 1 ? count_bytes + 2 * cand_bytes : 0, a.device, stream);
+  const sm90::Schedule plan = sm90::PlanSchedule(a.batch, a.max_pages, info.sm_count, sm90::kTileKeys, sm90::kMaxSelectCluster);
+  const int64_t row_stride = a.max_pages * ffi_dsa::kPageTokens;
+  Workspace workspace(AlignUp(a.batch * row_stride * sizeof(uint32_t)), a.device, stream);
+  uint32_t* keys = reinterpret_cast<uint32_t*>(workspace.data());
 
-  sm90::ChunkParams p{};
-  p.q = a.q;
-  p.k_cache = a.k_cache;
-  p.weights = a.weights;
-  p.seq_lens = a.seq_lens;
-  p.block_table = a.block_table;
-  p.topk_indices = a.topk_indices;
-  if (plan.chunks_per_row > 1) {
-    p.cand_count = reinterpret_cast<int32_t*>(workspace.data());
-    p.cand_keys = reinterpret_cast<uint32_t*>(workspace.data() + count_bytes);
-    p.cand_pos = reinterpret_cast<int32_t*>(workspace.data() + count_bytes + cand_bytes);
-  }
-  p.num_pages = a.num_pages;
-  p.max_pages = static_cast<int32_t>(a.max_pages);
-  p.topk = static_cast<int32_t>(a.topk);
-  p.chunk_pages = plan.chunk_pages;
-  p.chunks_per_row = plan.chunks_per_row;
-  p.cand_stride = plan.cand_stride;
-  p.sorted = sorted_by_score;
-
-  const CUtensorMap k_map = KCacheTensorMap(a.k_cache, a.num_pages);
-  const size_t chunk_smem = sm90::ChunkSmemBytes(plan.chunk_pages);
-  if (chunk_smem > info.max_smem_optin) {
-    TVM_FFI_THROW(RuntimeError) << "internal: chunk of " << plan.chunk_pages << " pages needs " << chunk_smem
-                                << " B of shared memory, device allows " << info.max_smem_optin;
-  }
-  sm90::ScoreChunkKernel<<<dim3(static_cast<unsigned>(a.batch), plan.chunks_per_row), sm90::kChunkThreads,
-                           chunk_smem, stream>>>(k_map, p);
-  TVM_FFI_CHECK_CUDA_ERROR(cudaGetLastError());
-  if (plan.chunks_per_row > 1) {
-    const size_t merge_smem = sm90::MergeSmemBytes(plan.chunks_per_row, plan.cand_stride);
-    if (merge_smem > info.max_smem_optin) {
-      TVM_FFI_THROW(RuntimeError) << "internal: merge of " << plan.chunks_per_row << " chunks needs " << merge_smem
-                                  << " B of shared memory, device allows " << info.max_smem_optin;
-    }
-    sm90::MergeChunksKernel<<<static_cast<unsigned>(a.batch), sm90::kMergeThreads, merge_smem, stream>>>(p);
+  if (a.max_pages > 0) {
+    sm90::ScoreParams sp{};
+    sp.k_cache = a.k_cache;
+    sp.weights = a.weights;
+    sp.seq_lens = a.seq_lens;
+    sp.block_table = a.block_table;
+    sp.keys = keys;
+    sp.row_stride = row_stride;
+    sp.num_pages = a.num_pages;
+    sp.batch = static_cast<int32_t>(a.batch);
+    sp.max_pages = static_cast<int32_t>(a.max_pages);
+    const CUtensorMap k_map = KCacheTensorMap(a.k_cache, a.num_pages);
+    const CUtensorMap q_map = QTensorMap(a.q, a.batch);
+    sm90::ScorePagesKernel<<<static_cast<unsigned>(plan.score_ctas), sm90::kScoreThreads, sm90::ScoreSmemBytes(),
+                             stream>>>(k_map, q_map, sp);
     TVM_FFI_CHECK_CUDA_ERROR(cudaGetLastError());
   }
+
+  sm90::SelectParams sel{};
+  sel.keys = keys;
+  sel.seq_lens = a.seq_lens;
+  sel.block_table = a.block_table;
+  sel.topk_indices = a.topk_indices;
+  sel.row_stride = row_stride;
+  sel.max_pages = static_cast<int32_t>(a.max_pages);
+  sel.topk = static_cast<int32_t>(a.topk);
+  sel.sorted = sorted_by_score;
+  const size_t select_smem = sizeof(sm90::SelectSmem);
+  if (select_smem > info.max_smem_optin || sm90::ScoreSmemBytes() > info.max_smem_optin) {
+    TVM_FFI_THROW(RuntimeError) << "internal: the kernels need " << sm90::ScoreSmemBytes() << " and " << select_smem
+                                << " B of shared memory, device allows " << info.max_smem_optin;
+  }
+  // One cluster per row; programmatic stream serialization lets the select CTAs be placed while
+  // the score kernel still runs (they wait for it with griddepcontrol.wait before reading keys).
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(a.batch * plan.cluster_size));
+  config.blockDim = dim3(sm90::kSelectThreads);
+  config.dynamicSmemBytes = select_smem;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = static_cast<unsigned>(plan.cluster_size);
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attrs;
+  config.numAttrs = 2;
+  TVM_FFI_CHECK_CUDA_ERROR(cudaLaunchKernelEx(&config, sm90::SelectRowsKernel, sel));
 }
 
 }  // namespace

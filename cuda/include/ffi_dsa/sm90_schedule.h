@@ -1,5 +1,6 @@
 // Host-side schedule of the Hopper path, from shapes only (seq_lens stays on the device, so the
-// launch is the same on every call and can be captured in a CUDA graph).
+// launch is the same on every call and can be captured in a CUDA graph). The balance by actual
+// lengths happens on the device (sm90_score_pages.cuh).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -8,37 +9,22 @@
 
 namespace ffi_dsa::sm90 {
 
-struct ChunkSchedule {
-  int32_t chunk_pages;     // pages one CTA scores
-  int32_t chunks_per_row;  // grid.y; chunks past a row's length exit at once
-  int32_t cand_stride;     // workspace slots per chunk: min(K, chunk tokens)
+struct Schedule {
+  int32_t score_ctas;    // kernel 1: one persistent CTA per SM (fewer if there are fewer pages)
+  int32_t cluster_size;  // kernel 2: CTAs per row
 };
 
-// Measured on H100: one CTA streams at most ~33 GB/s (its TMA unit issues one 8.4 KB page per
-// ~450 cycles), so a row must be spread over many CTAs to be fast, while 132 CTAs already
-// out-pull HBM. So: about two CTAs per SM in all, one chunk per row once the batch alone fills
-// the machine, and no chunk over kMaxChunkPages (its keys live in shared memory). Chunks of
-// fewer than K tokens pass all their tokens to the merge, which holds them in shared memory: a
-// row with more tokens than that is cut into fewer chunks of more than K tokens, whose local
-// top-K keeps the merge's input at chunks * K.
-inline ChunkSchedule PlanChunks(int64_t batch, int64_t max_pages, int64_t topk, int num_sms,
-                                int64_t merge_capacity) {
-  constexpr int64_t kMaxChunkPages = 240;  // 15K tokens = 60 KB of keys: what shared memory leaves
-  const int64_t pages = std::max<int64_t>(1, max_pages);
-  const int64_t target_ctas = 2 * static_cast<int64_t>(std::max(1, num_sms));
-  int64_t chunks = std::clamp<int64_t>(target_ctas / std::max<int64_t>(1, batch), 1, pages);
-  auto merge_keys = [&](int64_t c) {
-    const int64_t chunk_pages = (pages + c - 1) / c;
-    return c * std::min<int64_t>(topk, chunk_pages * kPageTokens);
-  };
-  if (chunks > 1 && merge_keys(chunks) > merge_capacity) {
-    chunks = std::max<int64_t>(1, merge_capacity / std::max<int64_t>(1, topk));
-  }
-  chunks = std::max(chunks, (pages + kMaxChunkPages - 1) / kMaxChunkPages);
-  ChunkSchedule s;
-  s.chunk_pages = static_cast<int32_t>((pages + chunks - 1) / chunks);
-  s.chunks_per_row = static_cast<int32_t>((pages + s.chunk_pages - 1) / s.chunk_pages);
-  s.cand_stride = static_cast<int32_t>(std::min<int64_t>(topk, int64_t(s.chunk_pages) * kPageTokens));
+// Kernel 2 gives a row one CTA up to slice_keys keys (what one CTA holds in registers), and a
+// cluster of up to max_cluster CTAs beyond: cluster barriers and DSMEM reads add latency, so a
+// cluster pays only for rows too long for one SM. Rows longer than max_cluster slices are walked
+// tile by tile (slower, correct).
+inline Schedule PlanSchedule(int64_t batch, int64_t max_pages, int num_sms, int64_t slice_keys, int max_cluster) {
+  const int64_t max_tokens = std::max<int64_t>(1, max_pages) * kPageTokens;
+  Schedule s;
+  s.score_ctas = static_cast<int32_t>(std::clamp<int64_t>(batch * std::max<int64_t>(1, max_pages), 1,
+                                                          std::max(1, num_sms)));
+  s.cluster_size = static_cast<int32_t>(
+      std::clamp<int64_t>((max_tokens + slice_keys - 1) / slice_keys, 1, std::max(1, max_cluster)));
   return s;
 }
 

@@ -51,6 +51,13 @@ __device__ __forceinline__ void TmaLoad3d(void* dst, const CUtensorMap* map, int
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(SmemAddr(bar))
       : "memory");
 }
+__device__ __forceinline__ void TmaLoad2d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(SmemAddr(bar))
+      : "memory");
+}
 __device__ __forceinline__ void BulkLoad(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
@@ -61,6 +68,16 @@ __device__ __forceinline__ void BulkLoad(void* dst, const void* src, uint32_t by
 __device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+
+// ---- programmatic dependent launch ----------------------------------------------------------
+// The next kernel in the stream (launched with programmatic stream serialization) may start its
+// prologue once every CTA of this one has signalled; it must wait before reading our output.
+__device__ __forceinline__ void AllowDependentLaunch() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+// Returns once the preceding kernel has completed and its memory operations are visible. A no-op
+// when this kernel was launched without the programmatic attribute.
+__device__ __forceinline__ void WaitForPrecedingGrid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // ---- wgmma ----------------------------------------------------------------------------------
 // Shared-memory matrix descriptor for a K-major operand in the 128-byte swizzle layout: rows of

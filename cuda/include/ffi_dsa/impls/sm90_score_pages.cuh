@@ -1,0 +1,302 @@
+// Kernel 1 of the Hopper path: score every page of every row, spread evenly over the whole GPU.
+//
+// Balance: the batch's pages, row after row, form one flat sequence of P pages (P from seq_lens,
+// read on the device, so the launch is shape-only and graph-safe). CTA c of G scores the flat
+// range [P*c/G, P*(c+1)/G): a long row is shared by many CTAs and a CTA may cover the ends of
+// several short rows ("segments"). Every SM streams the same number of bytes whatever the mix of
+// lengths. (Measured on H100: one CTA's TMA unit moves at most one 8.4 KB page per ~450 cycles,
+// ~33 GB/s, so a row left to one CTA is slow; all 132 together out-pull HBM.)
+//
+// Roles (one CTA, 640 threads):
+//   warpgroups 0-3  math: page i of the CTA goes to warpgroup i % 4; 4 x wgmma m64n64k32 (tokens
+//                   = M, heads = N, both K-major FP8 in 128B-swizzled smem) -> scale, relu, head
+//                   weights, head sum in registers -> one rank key (rank_key.h) per token, stored
+//                   to the workspace row [B, max_pages * 64] (4 bytes per token: ~3% of the 132
+//                   bytes read for it; the select kernel reads it back from L2).
+//   warpgroup 4     producer: four warps, each issuing every 4th page (one issuing thread
+//                   capped a CTA at a page per ~600 cycles), into a ring of kStages stages
+//                   (full/empty mbarriers); warp 0 also loads each segment's Q by TMA into one of
+//                   two Q buffers. Invalid page ids are never loaded: their tokens get key 0.
+#pragma once
+#include <cuda.h>
+
+#include <cstdint>
+#include <cub/block/block_scan.cuh>
+
+#include "ffi_dsa/contract.h"
+#include "ffi_dsa/impls/sm90_ptx.cuh"
+#include "ffi_dsa/impls/sm90_rows.cuh"
+#include "ffi_dsa/rank_key.h"
+
+namespace ffi_dsa::sm90 {
+
+struct ScoreParams {
+  const uint8_t* k_cache;
+  const float* weights;
+  const int32_t* seq_lens;
+  const int32_t* block_table;
+  uint32_t* keys;      // [B, row_stride] workspace; entries at t >= seq_len are never written
+  int64_t row_stride;  // max_pages * 64
+  int64_t num_pages;
+  int32_t batch;
+  int32_t max_pages;
+};
+
+constexpr int kScoreThreads = 640;
+constexpr int kMathWarpgroups = 4;
+constexpr int kWarpgroupThreads = 128;
+constexpr int kMathThreads = kMathWarpgroups * kWarpgroupThreads;
+constexpr int kStages = 12;  // 4 pages being computed + 8 in flight
+constexpr int kScaleBytes = kPageTokens * 4;
+constexpr int kIssuerWarps = 4;
+constexpr int kQTileBytes = kNumHeads * kHeadDim;
+
+struct alignas(1024) ScoreSmem {
+  uint8_t k_tiles[kStages][kPageFp8Bytes];  // each 1024-aligned: TMA swizzle-128B atoms
+  uint8_t q_tiles[2][kQTileBytes];           // segment k uses buffer k % 2
+  float scales[kStages][kPageTokens];
+  int32_t stage_page[kStages];               // page id of the stage, written before its full arrive
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+  uint64_t q_full[2];
+  uint64_t q_empty[2];
+  typename cub::BlockScan<long long, kScoreThreads>::TempStorage scan;
+  long long first_row_start;
+  int32_t first_row;
+};
+
+inline constexpr size_t ScoreSmemBytes() { return 1024 /* alignment slack */ + sizeof(ScoreSmem); }
+
+// Walks the rows that intersect a CTA's flat page range, one segment (row, page range) at a time.
+// Every role walks it on its own; the walk is deterministic, so all agree on segment k.
+struct SegmentWalk {
+  int64_t row;
+  long long row_start;  // flat index of the row's first page
+  long long next, end;  // the CTA's flat range still to cover
+  // Current segment.
+  int64_t seg_row;
+  int64_t tokens;  // the row's clamped length
+  int32_t page_begin, page_end;
+
+  __device__ bool Next(const ScoreParams& p) {
+    while (next < end) {
+      const int64_t n = ClampedLength(p.seq_lens, row, p.max_pages);
+      const long long pages = (n + kPageTokens - 1) / kPageTokens;
+      if (next >= row_start + pages) {  // past this row (also skips empty rows)
+        row_start += pages;
+        ++row;
+        continue;
+      }
+      seg_row = row;
+      tokens = n;
+      page_begin = static_cast<int32_t>(next - row_start);
+      page_end = static_cast<int32_t>(min(pages, end - row_start));
+      next = row_start + page_end;
+      return true;
+    }
+    return false;
+  }
+};
+
+// Score of one accumulator row of this thread (`half` 0: row r0, 2: row r0 + 8), summed over
+// the quad that shares the row. SPEC order is relu(logit * scale); for a non-negative scale
+// that cannot overflow a logit (< 2^64) that equals scale * relu(logit), which saves a multiply
+// per head. Four partial sums shorten the dependent chain.
+__device__ __forceinline__ float TokenScore(const float (&acc)[32], int half, float scale, const float (&w)[16]) {
+  float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float score;
+  if (scale >= 0.0f && scale < 1.8446744e19f) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      part[(2 * j) & 3] = fmaf(w[2 * j], ReluNaN(acc[4 * j + half]), part[(2 * j) & 3]);
+      part[(2 * j + 1) & 3] = fmaf(w[2 * j + 1], ReluNaN(acc[4 * j + half + 1]), part[(2 * j + 1) & 3]);
+    }
+    score = ((part[0] + part[1]) + (part[2] + part[3])) * scale;
+  } else {  // negative, huge, infinite or NaN scale: exactly as written
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      part[(2 * j) & 3] = fmaf(w[2 * j], ReluNaN(acc[4 * j + half] * scale), part[(2 * j) & 3]);
+      part[(2 * j + 1) & 3] = fmaf(w[2 * j + 1], ReluNaN(acc[4 * j + half + 1] * scale), part[(2 * j + 1) & 3]);
+    }
+    score = (part[0] + part[1]) + (part[2] + part[3]);
+  }
+  score += __shfl_xor_sync(0xFFFFFFFFu, score, 1);
+  score += __shfl_xor_sync(0xFFFFFFFFu, score, 2);
+  return score;
+}
+
+// First local page index >= i0 that belongs to `lane_of_four` (pages go round-robin by i % 4).
+__device__ __forceinline__ int FirstOwned(int i0, int lane_of_four) { return i0 + ((lane_of_four - i0 % 4) + 4) % 4; }
+
+__global__ void __launch_bounds__(kScoreThreads, 1)
+    ScorePagesKernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap q_map,
+                     const ScoreParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  ScoreSmem& s = *reinterpret_cast<ScoreSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int tid = threadIdx.x;
+  // The select kernel's CTAs may be placed now; they wait for this grid before reading keys.
+  AllowDependentLaunch();
+
+  if (tid == 0) {
+    for (int st = 0; st < kStages; ++st) {
+      MbarInit(&s.full[st], 1);
+      MbarInit(&s.empty[st], kWarpgroupThreads);
+    }
+    for (int b = 0; b < 2; ++b) {
+      MbarInit(&s.q_full[b], 1);
+      MbarInit(&s.q_empty[b], kMathThreads);
+    }
+    FenceBarrierInit();
+  }
+
+  // ---- this CTA's flat page range ----------------------------------------------------------
+  using Scan = cub::BlockScan<long long, kScoreThreads>;
+  long long total = 0;
+  int first_tile_pages = 0;  // batches of <= 640 rows (the common case) read seq_lens once
+  for (int64_t base = 0; base < p.batch; base += kScoreThreads) {
+    const int64_t r = base + tid;
+    const int pages = r < p.batch ? RowPages(p.seq_lens, r, p.max_pages) : 0;
+    if (base == 0) first_tile_pages = pages;
+    long long before, tile_total;
+    Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
+    total += tile_total;
+    __syncthreads();
+  }
+  const long long range_begin = total * blockIdx.x / gridDim.x;
+  const long long range_end = total * (blockIdx.x + 1) / gridDim.x;
+  if (range_begin >= range_end) return;  // fewer pages than CTAs: the whole CTA leaves together
+  long long carry = 0;
+  for (int64_t base = 0; base < p.batch && carry <= range_begin; base += kScoreThreads) {
+    const int64_t r = base + tid;
+    const int pages = base == 0 ? first_tile_pages : (r < p.batch ? RowPages(p.seq_lens, r, p.max_pages) : 0);
+    long long before, tile_total;
+    Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
+    before += carry;
+    if (pages > 0 && before <= range_begin && range_begin < before + pages) {
+      s.first_row = static_cast<int32_t>(r);
+      s.first_row_start = before;
+    }
+    carry += tile_total;
+    __syncthreads();
+  }
+  SegmentWalk walk{s.first_row, s.first_row_start, range_begin, range_end, 0, 0, 0, 0};
+
+  if (tid >= kMathThreads) {
+    // ---- producer --------------------------------------------------------------------------
+    // Whole warps run the loops and stay converged (lane 0 issues); their lanes fetch 32 page
+    // ids at once, so no issue waits on a block-table load of its own.
+    const int pw = (tid - kMathThreads) / 32, lane = tid % 32;
+    const bool leader = lane == 0;
+    if (pw >= kIssuerWarps) return;
+    if (pw == 0 && leader) {
+      PrefetchTensorMap(&k_map);
+      PrefetchTensorMap(&q_map);
+    }
+    int segment = 0, i0 = 0;
+    while (walk.Next(p)) {
+      const int np = walk.page_end - walk.page_begin;
+      if (pw == 0 && leader) {
+        const int qb = segment & 1;
+        if (segment >= 2) MbarWait(&s.q_empty[qb], ((segment >> 1) - 1) & 1);
+        MbarArriveExpectTx(&s.q_full[qb], kQTileBytes);
+        TmaLoad2d(s.q_tiles[qb], &q_map, 0, static_cast<int32_t>(walk.seg_row * kNumHeads), &s.q_full[qb]);
+      }
+      __syncwarp();
+      // table[i] is the page id of the CTA's local page i.
+      const int32_t* table = p.block_table + walk.seg_row * p.max_pages + walk.page_begin - i0;
+      for (int base = FirstOwned(i0, pw); base < i0 + np; base += 32 * kIssuerWarps) {
+        const int mine = base + lane * kIssuerWarps;
+        const int32_t my_page = mine < i0 + np ? table[mine] : -1;
+        const int count = min(32, (i0 + np - base + kIssuerWarps - 1) / kIssuerWarps);
+        for (int u = 0; u < count; ++u) {
+          const int i = base + u * kIssuerWarps;
+          const int32_t page = __shfl_sync(0xFFFFFFFFu, my_page, u);
+          const int st = i % kStages;
+          if (i >= kStages) MbarWait(&s.empty[st], ((i / kStages) - 1) & 1);
+          if (leader) {
+            s.stage_page[st] = page;  // published by the arrive below (release)
+            if (page >= 0 && page < p.num_pages) {
+              MbarArriveExpectTx(&s.full[st], kPageFp8Bytes + kScaleBytes);
+              TmaLoad3d(s.k_tiles[st], &k_map, 0, 0, page, &s.full[st]);
+              BulkLoad(s.scales[st], p.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes,
+                       &s.full[st]);
+            } else {
+              MbarArrive(&s.full[st]);  // nothing to load: the consumers see the invalid id themselves
+            }
+          }
+          __syncwarp();
+        }
+      }
+      i0 += np;
+      ++segment;
+    }
+    return;
+  }
+
+  // ---- math ------------------------------------------------------------------------------------
+  const int wg = tid / kWarpgroupThreads, warp = (tid % kWarpgroupThreads) / 32, lane = tid % 32;
+  // Accumulator layout of wgmma m64nN: thread holds rows r0 and r0 + 8, columns
+  // 8j + 2 * (lane % 4) + {0, 1} for j < 8. Keep the matching head weights in registers.
+  const int r0 = 16 * warp + lane / 4;
+  int segment = 0, i0 = 0;
+  while (walk.Next(p)) {
+    const int np = walk.page_end - walk.page_begin;
+    const int qb = segment & 1;
+    const int first = FirstOwned(i0, wg);
+    // Every math thread waits for the segment's Q, pages or not: its q_empty arrival below must
+    // not run ahead into the next phase of the buffer (a warpgroup with no page in several
+    // one-page segments would otherwise arrive for segment k + 2 before others did for k).
+    MbarWait(&s.q_full[qb], (segment >> 1) & 1);
+    if (first < i0 + np) {
+      float w[16];
+      const float* wrow = p.weights + walk.seg_row * kNumHeads + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        w[2 * j] = __ldg(wrow + 8 * j);
+        w[2 * j + 1] = __ldg(wrow + 8 * j + 1);
+      }
+      uint32_t* row_keys = p.keys + walk.seg_row * p.row_stride;
+      const uint64_t desc_q = SmemDescSw128(s.q_tiles[qb]);
+      for (int i = first; i < i0 + np; i += kMathWarpgroups) {
+        const int stage = i % kStages;
+        MbarWait(&s.full[stage], (i / kStages) & 1);
+        const int32_t page = s.stage_page[stage];
+        const bool valid = page >= 0 && page < p.num_pages;  // uniform over the warpgroup
+        float acc[32];
+        float scale0 = 0.0f, scale1 = 0.0f;
+        if (valid) {
+#pragma unroll
+          for (int x = 0; x < 32; ++x) acc[x] = 0.0f;
+          FenceOperand(acc);
+          WgmmaFence();
+          const uint64_t desc_k = SmemDescSw128(s.k_tiles[stage]);
+#pragma unroll
+          for (int kk = 0; kk < kHeadDim / 32; ++kk) {
+            WgmmaM64N64K32E4M3(acc, DescAdvance(desc_k, kk * 32), DescAdvance(desc_q, kk * 32), kk > 0);
+          }
+          WgmmaCommit();
+          scale0 = s.scales[stage][r0];  // overlaps the tensor-core work
+          scale1 = s.scales[stage][r0 + 8];
+          WgmmaWait<0>();
+          FenceOperand(acc);
+        }
+        MbarArrive(&s.empty[stage]);  // this thread no longer reads the stage
+        const int64_t t0 = int64_t(walk.page_begin + (i - i0)) * kPageTokens + r0, t1 = t0 + 8;
+        uint32_t k0 = kNotCandidate, k1 = kNotCandidate;
+        if (valid) {
+          k0 = ScoreToKey(TokenScore(acc, 0, scale0, w));
+          k1 = ScoreToKey(TokenScore(acc, 2, scale1, w));
+        }
+        if (lane % 4 == 0) {
+          if (t0 < walk.tokens) row_keys[t0] = k0;
+          if (t1 < walk.tokens) row_keys[t1] = k1;
+        }
+      }
+    }
+    MbarArrive(&s.q_empty[qb]);  // done with this segment's Q (every math thread, pages or not)
+    i0 += np;
+    ++segment;
+  }
+}
+
+}  // namespace ffi_dsa::sm90
