@@ -23,8 +23,11 @@ inline Schedule PlanSchedule(int64_t batch, int64_t max_pages, int num_sms, int6
   Schedule s;
   s.score_ctas = static_cast<int32_t>(std::clamp<int64_t>(batch * std::max<int64_t>(1, max_pages), 1,
                                                           std::max(1, num_sms)));
-  s.cluster_size = static_cast<int32_t>(
-      std::clamp<int64_t>((max_tokens + slice_keys - 1) / slice_keys, 1, std::max(1, max_cluster)));
+  // At most one wave: the select kernel holds one CTA per SM (~123 registers x 512 threads), and
+  // a second wave of clusters (W4: 64 rows x 4 CTAs) cost more than two tiles per CTA.
+  const int64_t one_wave = std::max<int64_t>(1, std::max(1, num_sms) / std::max<int64_t>(1, batch));
+  s.cluster_size = static_cast<int32_t>(std::clamp<int64_t>((max_tokens + slice_keys - 1) / slice_keys, 1,
+                                                            std::min<int64_t>(std::max(1, max_cluster), one_wave)));
   return s;
 }
 
