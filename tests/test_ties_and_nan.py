@@ -14,9 +14,12 @@ import pytest
 from conftest import (
     FP8,
     FP8_NAN_BYTES,
+    HEAD_DIM,
     assert_exact,
     fp8_bytes,
     make_exact_batch,
+    page_bytes,
+    page_slot,
     row_ids,
     run_dps,
     scores_of_row,
@@ -52,6 +55,36 @@ def test_ties_at_the_cut_smaller_position_wins(device, seed, k, lens):
         expected = np.sort(np.concatenate([above, tied]))
         assert out[b].tolist() == row_ids(batch, b, expected)
     assert_exact(out, batch, topk=k)
+
+
+def _few_values_batch(rows, seed):
+    """Rows whose scores take a few exact values: score = 64 * v for the token's v (q = 1 and k = v
+    on dim 0 only, unit weights and scales). `rows` lists, per row, (v, count) runs; the tokens of a
+    row are shuffled so that positions interleave the values."""
+    lens = [sum(count for _, count in runs) for runs in rows]
+    batch = make_exact_batch(lens, seed=seed, q_values=(1,), k_values=(0,), w_values=(1,), active_dims=1)
+    rng = np.random.default_rng(seed)
+    pages = page_bytes(batch)
+    for b, runs in enumerate(rows):
+        values = rng.permutation(np.concatenate([np.full(count, v, np.float32) for v, count in runs]))
+        for t, v in enumerate(values):
+            page, slot = page_slot(batch, b, t)
+            pages[page, slot * HEAD_DIM] = fp8_bytes([v])[0]
+    return batch
+
+
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+def test_cut_on_a_value_boundary_takes_exactly_k(device, sorted_):
+    """The K-th best is the last token of a large group of equal scores and the next score down is
+    close (here 5 then 3, or 7, 5 then 3): exactly the K better tokens win, never the ones below the
+    cut (a radix shortcut on the K-th value's bucket once let every score sharing its high key bits
+    win, writing past the row's K outputs). The short last row guards the rows before it."""
+    rows = [[(5, 2048), (3, 2048)], [(5, 2048), (3, 1)], [(7, 1000), (5, 1048), (3, 952)], [(5, 3), (3, 7)]]
+    batch = _few_values_batch(rows, seed=26)
+    out = run_dps(batch.to_torch(device), sorted=sorted_)
+    for b in range(3):
+        assert (out[b] >= 0).all(), f"row {b}: {int((out[b] < 0).sum())} slots left -1, expected exactly K winners"
+    assert_exact(out, batch, sorted=sorted_)
 
 
 @pytest.mark.parametrize("seed", [24, 25])

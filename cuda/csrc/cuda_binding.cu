@@ -151,6 +151,11 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
   Workspace workspace(AlignUp(a.batch * row_stride * sizeof(uint32_t)), a.device, stream);
   uint32_t* keys = reinterpret_cast<uint32_t*>(workspace.data());
 
+  const size_t select_smem = sizeof(sm90::SelectSmem);
+  if (select_smem > info.max_smem_optin || sm90::ScoreSmemBytes() > info.max_smem_optin) {
+    TVM_FFI_THROW(RuntimeError) << "internal: the kernels need " << sm90::ScoreSmemBytes() << " and " << select_smem
+                                << " B of shared memory, device allows " << info.max_smem_optin;
+  }
   if (a.max_pages > 0) {
     sm90::ScoreParams sp{};
     sp.k_cache = a.k_cache;
@@ -178,11 +183,6 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
   sel.max_pages = static_cast<int32_t>(a.max_pages);
   sel.topk = static_cast<int32_t>(a.topk);
   sel.sorted = sorted_by_score;
-  const size_t select_smem = sizeof(sm90::SelectSmem);
-  if (select_smem > info.max_smem_optin || sm90::ScoreSmemBytes() > info.max_smem_optin) {
-    TVM_FFI_THROW(RuntimeError) << "internal: the kernels need " << sm90::ScoreSmemBytes() << " and " << select_smem
-                                << " B of shared memory, device allows " << info.max_smem_optin;
-  }
   // One cluster per row; programmatic stream serialization lets the select CTAs be placed while
   // the score kernel still runs (they wait for it with griddepcontrol.wait before reading keys).
   cudaLaunchConfig_t config{};

@@ -167,12 +167,16 @@ __device__ SliceStats RowStats(ClusterSelectStorage<kThreads>& s, SliceStats st,
 
 // `for_each_key(f)` calls f(key) for every key this thread owns (any split of the cluster's
 // keys among its threads). With `cluster_size` 1 the search is local to the CTA (and may run on
-// data that every CTA holds identically). With `take_all_ok` false the search runs even when
-// there are no more than `topk` keys. Ends with a barrier. The fallback path: per-warp bins with
-// shared-memory atomics (slow when keys crowd, but only reached for degenerate rows).
+// data that every CTA holds identically). `whole_row`: the keys are all the row's keys, so two
+// shortcuts are sound: at most K keys (all win), and a digit bin that holds exactly the remaining
+// winners (the threshold is then the bin's prefix with unlimited ties). On a subset (the K-th
+// key's value bucket) neither is: keys outside the subset may lie between the prefix and the
+// bucket, so the search runs to the exact K-th key. Ends with a barrier. The fallback path:
+// per-warp bins with shared-memory atomics (slow when keys crowd, reached only for degenerate
+// rows and crowded buckets).
 template <int kThreads, typename ForEachKey>
 __device__ Threshold RadixThreshold(ClusterSelectStorage<kThreads>& s, uint32_t topk, int cluster_size,
-                                    ForEachKey&& for_each_key, bool take_all_ok = true) {
+                                    ForEachKey&& for_each_key, bool whole_row = true) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   uint32_t prefix = 0, prefix_mask = 0, remaining = topk;
   int pass = 0;
@@ -211,7 +215,7 @@ __device__ Threshold RadixThreshold(ClusterSelectStorage<kThreads>& s, uint32_t 
         if (above + s.bin_total[bin] >= remaining) break;
         above += s.bin_total[bin];
       }
-      s.take_all = take_all_ok && shift == 32 - kDigitBits && total <= topk;  // at most K candidates: all win
+      s.take_all = whole_row && shift == 32 - kDigitBits && total <= topk;  // at most K candidates: all win
       s.digit = digit;
       s.above = above;
     }
@@ -223,9 +227,9 @@ __device__ Threshold RadixThreshold(ClusterSelectStorage<kThreads>& s, uint32_t 
     remaining -= s.above;
     prefix |= s.digit << shift;
     prefix_mask |= uint32_t(kBins - 1) << shift;
-    const bool whole_bin = s.bin_total[s.digit] == remaining;
+    const bool whole_bin = whole_row && s.bin_total[s.digit] == remaining;
     __syncthreads();  // s.digit / s.bin_total are rewritten by the next pass
-    // Every key with this prefix wins: the lowest key of the prefix, with unlimited ties.
+    // Every key of the row with this prefix wins: the lowest key of the prefix, unlimited ties.
     if (whole_bin) return Threshold{prefix, UINT_MAX};
   }
   return Threshold{prefix, remaining};
@@ -246,6 +250,9 @@ __device__ Threshold ClusterThreshold(ClusterSelectStorage<kThreads>& s, uint32_
   }
   // Monotone in the score, so monotone in the key: bucket order is rank order.
   const float per_unit = static_cast<float>(kBuckets) / range;
+  if (!(per_unit < __int_as_float(0x7F800000))) {  // a range so small that 2048 / range overflows
+    return RadixThreshold<kThreads>(s, topk, cluster_size, for_each_key);
+  }
   auto bucket_of = [&](uint32_t key) { return min(kBuckets - 1, static_cast<int>((KeyToScore(key) - lo) * per_unit)); };
 
   for_each_key([&](uint32_t key) {
@@ -329,7 +336,7 @@ __device__ Threshold ClusterThreshold(ClusterSelectStorage<kThreads>& s, uint32_
     th = RadixThreshold<kThreads>(
         s, rank, /*cluster_size=*/1,
         [&](auto&& f) { for (uint32_t i = tid; i < in_bucket; i += kThreads) f(united[i]); },
-        /*take_all_ok=*/false);
+        /*whole_row=*/false);
   }
   __syncthreads();
   return th;

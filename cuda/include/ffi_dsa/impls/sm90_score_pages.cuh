@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     const bool leader = lane == 0;
     if (pw >= kIssuerWarps) return;
     if (pw == 0 && leader) {
-      PrefetchTensorMap(&k_map);
+      if (p.num_pages > 0) PrefetchTensorMap(&k_map);  // with no pages the map is left unencoded
       PrefetchTensorMap(&q_map);
     }
     int segment = 0, i0 = 0;
@@ -202,11 +202,11 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
         TmaLoad2d(s.q_tiles[qb], &q_map, 0, static_cast<int32_t>(walk.seg_row * kNumHeads), &s.q_full[qb]);
       }
       __syncwarp();
-      // table[i] is the page id of the CTA's local page i.
-      const int32_t* table = p.block_table + walk.seg_row * p.max_pages + walk.page_begin - i0;
+      // table[i - i0] is the page id of the CTA's local page i.
+      const int32_t* table = p.block_table + walk.seg_row * p.max_pages + walk.page_begin;
       for (int base = FirstOwned(i0, pw); base < i0 + np; base += 32 * kIssuerWarps) {
         const int mine = base + lane * kIssuerWarps;
-        const int32_t my_page = mine < i0 + np ? table[mine] : -1;
+        const int32_t my_page = mine < i0 + np ? table[mine - i0] : -1;
         const int count = min(32, (i0 + np - base + kIssuerWarps - 1) / kIssuerWarps);
         for (int u = 0; u < count; ++u) {
           const int i = base + u * kIssuerWarps;

@@ -153,7 +153,10 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
       row_total += t;
     }
   }
-  const uint32_t selected = static_cast<uint32_t>(row_total >> 32) + min(static_cast<uint32_t>(row_total), th.ties);
+  // min(.., topk): the threshold guarantees at most K winners; the clamp (and the slot guard in
+  // emit) keep a logic error from ever writing past the row's K outputs or the sort buffer.
+  const uint32_t selected =
+      min(topk, static_cast<uint32_t>(row_total >> 32) + min(static_cast<uint32_t>(row_total), th.ties));
 
   int32_t* out = p.topk_indices + row * p.topk;
   unsigned long long* words = cluster_size > 1 ? AtRank(s.sorting.words, 0) : s.sorting.words;
@@ -174,6 +177,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
     uint32_t greater = static_cast<uint32_t>(before >> 32);  // winners above T before this key
     uint32_t equal = static_cast<uint32_t>(before);           // keys equal to T before this key
     auto emit = [&](uint32_t slot, uint32_t j, uint32_t key) {
+      if (slot >= topk) return;
       if (!p.sorted) {
         out[slot] = token_id(first + j);
       } else {
