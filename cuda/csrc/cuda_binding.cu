@@ -43,6 +43,12 @@ const DeviceInfo& GetDeviceInfo(int device) {
     TVM_FFI_CHECK_CUDA_ERROR(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     info.max_smem_optin = static_cast<size_t>(optin);
     if (info.major == 9 && info.minor == 0) {
+      // Both kernels have fixed shared-memory footprints: check them once per device, not per call.
+      if (sm90::ScoreSmemBytes() > info.max_smem_optin || sizeof(sm90::SelectSmem) > info.max_smem_optin) {
+        TVM_FFI_THROW(RuntimeError) << "internal: the kernels need " << sm90::ScoreSmemBytes() << " and "
+                                    << sizeof(sm90::SelectSmem) << " B of shared memory, device " << device
+                                    << " allows " << info.max_smem_optin;
+      }
       TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(sm90::ScorePagesKernel,
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
       TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(sm90::SelectRowsKernel,
@@ -97,8 +103,8 @@ CUtensorMap QTensorMap(const uint8_t* q, int64_t batch) {
   return EncodeTiled(const_cast<uint8_t*>(q), 2, dims, strides, box);
 }
 
-// Scratch for rows spanning several chunks. From the caller's framework allocator when tvm-ffi
-// provides one (torch's caching allocator: graph-capture safe, stream ordered); otherwise
+// Per-call scratch (kernel 1's rank keys, read back by kernel 2). From the caller's framework
+// allocator when tvm-ffi provides one (torch's caching allocator: graph-capture safe, stream ordered); otherwise
 // stream-ordered cudaMallocAsync/cudaFreeAsync, which CUDA graphs capture as memory nodes.
 class Workspace {
  public:
@@ -151,11 +157,6 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
   Workspace workspace(AlignUp(a.batch * row_stride * sizeof(uint32_t)), a.device, stream);
   uint32_t* keys = reinterpret_cast<uint32_t*>(workspace.data());
 
-  const size_t select_smem = sizeof(sm90::SelectSmem);
-  if (select_smem > info.max_smem_optin || sm90::ScoreSmemBytes() > info.max_smem_optin) {
-    TVM_FFI_THROW(RuntimeError) << "internal: the kernels need " << sm90::ScoreSmemBytes() << " and " << select_smem
-                                << " B of shared memory, device allows " << info.max_smem_optin;
-  }
   if (a.max_pages > 0) {
     sm90::ScoreParams sp{};
     sp.k_cache = a.k_cache;
@@ -188,7 +189,7 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(a.batch * plan.cluster_size));
   config.blockDim = dim3(sm90::kSelectThreads);
-  config.dynamicSmemBytes = select_smem;
+  config.dynamicSmemBytes = sizeof(sm90::SelectSmem);
   config.stream = stream;
   cudaLaunchAttribute attrs[2];
   attrs[0].id = cudaLaunchAttributeClusterDimension;

@@ -17,7 +17,7 @@
 namespace ffi_dsa::cpu {
 
 inline int64_t ClampedLength(const IndexerArgs& a, int64_t b) {
-  return std::clamp<int64_t>(a.seq_lens[b], 0, a.max_pages * kPageTokens);
+  return ClampLength(a.seq_lens[b], a.max_pages);
 }
 
 inline bool ValidPage(const IndexerArgs& a, int32_t page) { return page >= 0 && page < a.num_pages; }
@@ -95,9 +95,7 @@ inline void RunIndexerCpu(const IndexerArgs& a, bool sorted_by_score) {
     const int32_t* table = a.block_table + b * a.max_pages;
     for (int64_t i = 0; i < a.topk; ++i) {
       const int64_t t = positions[i];
-      out[i] = t < 0 ? -1
-                     : static_cast<int32_t>(static_cast<int64_t>(table[t / kPageTokens]) * kPageTokens +
-                                            t % kPageTokens);
+      out[i] = t < 0 ? -1 : GlobalTokenId(table, t);
     }
   });
 }

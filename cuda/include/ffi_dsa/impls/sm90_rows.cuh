@@ -1,5 +1,5 @@
-// Row lengths as the kernels see them (SPEC "bad input": a negative length counts as 0, a length
-// past the block table is cut to max_pages * 64), shared so that every kernel agrees.
+// Row lengths as the kernels see them (contract.h's ClampLength, the SPEC rule for bad lengths),
+// read from seq_lens on the device.
 #pragma once
 #include <cstdint>
 
@@ -8,9 +8,7 @@
 namespace ffi_dsa::sm90 {
 
 __device__ __forceinline__ int64_t ClampedLength(const int32_t* seq_lens, int64_t b, int32_t max_pages) {
-  const int64_t n = seq_lens[b];
-  const int64_t cap = int64_t(max_pages) * kPageTokens;
-  return n < 0 ? 0 : (n > cap ? cap : n);
+  return ClampLength(seq_lens[b], max_pages);
 }
 
 __device__ __forceinline__ int32_t RowPages(const int32_t* seq_lens, int64_t b, int32_t max_pages) {

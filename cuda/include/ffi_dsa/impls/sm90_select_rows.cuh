@@ -160,9 +160,8 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
 
   int32_t* out = p.topk_indices + row * p.topk;
   unsigned long long* words = cluster_size > 1 ? AtRank(s.sorting.words, 0) : s.sorting.words;
-  auto token_id = [&](uint32_t i) {  // global id of the slice's i-th token
-    const int32_t page = tiles == 1 ? smem.slice_pages[i / kPageTokens] : table[i / kPageTokens];
-    return static_cast<int32_t>(int64_t(page) * kPageTokens + i % kPageTokens);
+  auto token_id = [&](uint32_t i) {  // global id of the slice's i-th token (slices start on a page)
+    return GlobalTokenId(tiles == 1 ? smem.slice_pages : table, i);
   };
   // Pass 2: every winner's slot = winners before it in the row (ties: only the first th.ties).
   unsigned long long carry = lower;
@@ -208,12 +207,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
       SortSelectedDescending<kSelectThreads>(s.sorting, selected);
       const int32_t* row_table = p.block_table + row * p.max_pages;
       for (uint32_t i = tid; i < topk; i += kSelectThreads) {
-        if (i < selected) {
-          const int64_t t = RankWordPosition(s.sorting.words[i]);
-          out[i] = static_cast<int32_t>(int64_t(row_table[t / kPageTokens]) * kPageTokens + t % kPageTokens);
-        } else {
-          out[i] = -1;
-        }
+        out[i] = i < selected ? GlobalTokenId(row_table, RankWordPosition(s.sorting.words[i])) : -1;
       }
     }
   }
