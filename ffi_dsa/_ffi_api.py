@@ -31,8 +31,10 @@ def cuda_module() -> tvm_ffi.Module:
     return _load("cuda")
 
 
+@functools.cache
 def topk_indexer_for(device_type: str):
-    """The exported DPS function serving tensors of `device_type` ('cpu' or 'cuda')."""
+    """The exported DPS function serving tensors of `device_type` ('cpu' or 'cuda'), looked up once
+    (a module lookup per call would cost every caller on the eager path)."""
     if device_type == "cpu":
         return cpu_module()["topk_indexer"]
     if device_type == "cuda":

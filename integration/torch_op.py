@@ -53,17 +53,6 @@ _SCHEMA_OUT = (
     "Tensor(a!) topk_indices, bool sorted=False) -> ()"
 )
 
-# Device type -> tvm-ffi function. The CUDA module is built/loaded on the first CUDA call only.
-_FUNCTIONS: dict[str, object] = {}
-
-
-def _function_for(device: torch.device):
-    fn = _FUNCTIONS.get(device.type)
-    if fn is None:
-        fn = _FUNCTIONS[device.type] = _ffi_api.topk_indexer_for(device.type)  # ValueError: other devices
-    return fn
-
-
 def _batch(q: torch.Tensor):
     # A q of the wrong rank still gets an output shape here; the C++ check then names the problem.
     return q.shape[0] if q.dim() else 0
@@ -79,15 +68,12 @@ def _topk_indexer_kernel(q, k_cache, weights, seq_lens, block_table, topk=2048, 
     out = torch.empty((q.shape[0] if q.dim() else 0, topk), dtype=torch.int32, device=device)
     # Dispatch on q's device: a mismatched argument reaches the C++ placement check (ValueError)
     # instead of the dispatcher picking a kernel from whichever tensor has the "highest" device.
-    fn = _FUNCTIONS.get(device.type) or _function_for(device)
-    fn(q, k_cache, weights, seq_lens, block_table, out, sorted)
+    _ffi_api.topk_indexer_for(device.type)(q, k_cache, weights, seq_lens, block_table, out, sorted)
     return out
 
 
 def _topk_indexer_out_kernel(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted=False):
-    device = q.device
-    fn = _FUNCTIONS.get(device.type) or _function_for(device)
-    fn(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted)
+    _ffi_api.topk_indexer_for(q.device.type)(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted)
 
 
 # ---- fake (meta) kernels ---------------------------------------------------------------------

@@ -37,14 +37,9 @@ _registered = False
 
 
 def _make_global(sorted_by_score: bool):
-    functions = {}
-
     def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk_indices):
         dev = q.device.dlpack_device_type()
-        fn = functions.get(dev)
-        if fn is None:
-            name = _DEVICE_NAMES.get(dev, f"DLPack device type {dev}")
-            fn = functions[dev] = _ffi_api.topk_indexer_for(name)  # ValueError for other devices
+        fn = _ffi_api.topk_indexer_for(_DEVICE_NAMES.get(dev, f"DLPack device type {dev}"))  # ValueError: others
         fn(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted_by_score)
 
     return topk_indexer

@@ -87,6 +87,21 @@ def assert_valid_topk(out, batch_or_args, *, sorted=False):
     assert problems == [], "\n".join(problems[:10])
 
 
+def call_result(batch: Batch, topk=DEFAULT_K, *, sorted=False) -> np.ndarray:
+    """``ffi_dsa.call`` on the batch's numpy inputs, into a poisoned buffer: the bytes every other
+    caller (torch op, JAX, TVM) must reproduce."""
+    out = poisoned_np((len(batch.seq_lens), topk))
+    ffi_dsa.call(*batch.args(), out, sorted=sorted)
+    return out
+
+
+def assert_same_as_call(got: np.ndarray, batch: Batch, topk=DEFAULT_K, *, sorted=False) -> None:
+    """A caller's host result equals ``call_result`` byte for byte and is a valid top-K."""
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, call_result(batch, topk, sorted=sorted))
+    assert ffi_dsa.check_topk(got, *batch.args(), sorted=sorted) == []
+
+
 def assert_exact(out, batch: Batch, topk=DEFAULT_K, *, sorted=False):
     """Byte-exact agreement with the float64 reference (only meaningful on exact-score data)."""
     expected = ffi_dsa.reference(*batch.args(), topk=topk, sorted=sorted)

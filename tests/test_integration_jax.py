@@ -20,6 +20,8 @@ import ffi_dsa  # noqa: E402
 from ffi_dsa.integration import jax_ffi  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
 
+from conftest import assert_same_as_call, call_result  # noqa: E402
+
 
 def _jax_gpu():
     try:
@@ -47,17 +49,8 @@ def on(platform, batch, q_dtype=jnp.float8_e4m3fn):
     return [jax.device_put(a, device) for a in (q, *map(jnp.asarray, batch.args()[1:]))]
 
 
-def expected(batch, topk=K, sorted=False):
-    out = np.empty((len(batch.seq_lens), topk), np.int32)
-    ffi_dsa.call(*batch.args(), out, sorted=sorted)
-    return out
-
-
 def assert_same(got, batch, topk=K, sorted=False):
-    got = np.asarray(got)
-    assert got.dtype == np.int32
-    np.testing.assert_array_equal(got, expected(batch, topk, sorted))
-    assert ffi_dsa.check_topk(got, *batch.args(), sorted=sorted) == []
+    assert_same_as_call(np.asarray(got), batch, topk, sorted=sorted)
 
 
 @pytest.mark.parametrize("sorted_", [False, True])
@@ -109,11 +102,11 @@ def test_vmap_with_shared_cache_folds_into_the_batch(platform):
     assert "while[" not in jaxpr and "scan[" not in jaxpr
     got = np.asarray(fn(qs, ws, ss, bts))
     assert got.shape == (2, 4, K)
-    np.testing.assert_array_equal(got[0], expected(a))
-    np.testing.assert_array_equal(got[1], expected(a)[::-1])
+    np.testing.assert_array_equal(got[0], call_result(a, K))
+    np.testing.assert_array_equal(got[1], call_result(a, K)[::-1])
     # only q batched; others broadcast
     got_q = np.asarray(jax.vmap(lambda q_: jax_ffi.topk_indexer(q_, k, w, s, bt, topk=K))(qs))
-    np.testing.assert_array_equal(got_q[0], expected(a))
+    np.testing.assert_array_equal(got_q[0], call_result(a, K))
 
 
 def test_vmap_with_batched_cache_runs_each_element(platform):
@@ -122,8 +115,8 @@ def test_vmap_with_batched_cache_runs_each_element(platform):
     fn = jax.jit(jax.vmap(lambda *x: jax_ffi.topk_indexer(*x, topk=K)))
     assert "i32[4,16] = ffi_call" in str(jax.make_jaxpr(fn)(*stacked))  # per element, in a loop
     got = np.asarray(fn(*stacked))
-    np.testing.assert_array_equal(got[0], expected(a))
-    np.testing.assert_array_equal(got[1], expected(b))
+    np.testing.assert_array_equal(got[0], call_result(a, K))
+    np.testing.assert_array_equal(got[1], call_result(b, K))
 
 
 def test_empty_batch(platform):

@@ -16,22 +16,15 @@ import ffi_dsa
 from ffi_dsa.integration import torch_op
 from ffi_dsa.workloads import make_batch
 
+from conftest import SENTINEL, assert_same_as_call, call_result
+
 # inductor itself calls the deprecated torch.jit.script_method in torch 2.13
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-CUDA = torch.cuda.is_available()
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda,
-                                               pytest.mark.skipif(not CUDA, reason="needs CUDA")])]
 K = 16
-SENTINEL = 0x7EEEEEEE
 # B, num_pages and max_pages differ from each other and between the two batches, so dynamo's
 # duck sizing cannot tie them together and a second batch must reuse the dynamic graph.
 LENS_A = [150, 3, 0, 300]            # B=4, 13 pages, 5 per row at most
 LENS_B = [70, 5, 200, 64, 1, 129]    # B=6, 17 pages, 4 per row at most
-
-
-@pytest.fixture(params=DEVICES)
-def device(request):
-    return request.param
 
 
 def batch_on(lens, device, seed=0, spare_pages=4):
@@ -39,17 +32,8 @@ def batch_on(lens, device, seed=0, spare_pages=4):
     return batch, batch.to_torch(device)
 
 
-def expected(batch, topk=K, sorted=False):
-    out = np.full((len(batch.seq_lens), topk), SENTINEL, np.int32)
-    ffi_dsa.call(*batch.args(), out, sorted=sorted)
-    return out
-
-
 def assert_same(got, batch, topk=K, sorted=False):
-    got = got.cpu().numpy()
-    assert got.dtype == np.int32
-    np.testing.assert_array_equal(got, expected(batch, topk, sorted))
-    assert ffi_dsa.check_topk(got, *batch.args(), sorted=sorted) == []
+    assert_same_as_call(got.cpu().numpy(), batch, topk, sorted=sorted)
 
 
 def test_import_ffi_dsa_registers_the_ops():
@@ -138,7 +122,6 @@ def test_compiled_op_raises_value_error(device):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_cuda_graph_capture_and_replay():
     batch, args = batch_on(LENS_A, "cuda")
     static = [a.clone() for a in args]
@@ -165,7 +148,6 @@ def test_cuda_graph_capture_and_replay():
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_cuda_runs_on_the_current_stream():
     batch, args = batch_on([3000, 2100, 7], "cuda", seed=3)
     torch.ops.dsa.topk_indexer(*args, topk=K)  # load the module first
@@ -215,7 +197,6 @@ def test_out_variant_checks_the_output(device):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_mixed_devices_raise_value_error():
     _, (q, k, w, s, bt) = batch_on(LENS_A, "cuda")
     with pytest.raises(ValueError, match="one device"):
@@ -227,7 +208,7 @@ def test_mixed_devices_raise_value_error():
 def test_all_callers_agree_byte_for_byte():
     """ffi_dsa.call (numpy), the torch op, JAX and TVM Relax on the same inputs (CPU)."""
     batch = make_batch(LENS_B, seed=11, spare_pages=4)
-    want = expected(batch)
+    want = call_result(batch, K)
     results = {"torch.ops.dsa": torch.ops.dsa.topk_indexer(*batch.to_torch(), topk=K).numpy()}
     try:
         import jax.numpy as jnp

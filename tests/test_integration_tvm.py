@@ -11,9 +11,10 @@ import pytest
 import torch
 import tvm_ffi
 
-import ffi_dsa
 from ffi_dsa.integration import tvm_relax
 from ffi_dsa.workloads import make_batch
+
+from conftest import CUDA, SENTINEL, assert_same_as_call
 
 try:
     import ml_dtypes
@@ -22,24 +23,13 @@ except ImportError:
     tvm = None
 
 needs_tvm = pytest.mark.skipif(tvm is None, reason="apache-tvm is not installed (pip install ffi-dsa[tvm])")
-CUDA = torch.cuda.is_available()
 TVM_CUDA = tvm is not None and CUDA and tvm.runtime.enabled("cuda") and tvm.cuda(0).exist
 K = 16
 LENS = [150, 3, 0, 300]
-SENTINEL = 0x7EEEEEEE
-
-
-def expected(batch, topk=K, sorted=False):
-    out = np.empty((len(batch.seq_lens), topk), np.int32)
-    ffi_dsa.call(*batch.args(), out, sorted=sorted)
-    return out
 
 
 def assert_same(got, batch, topk=K, sorted=False):
-    got = got if isinstance(got, np.ndarray) else got.numpy()
-    assert got.dtype == np.int32
-    np.testing.assert_array_equal(got, expected(batch, topk, sorted))
-    assert ffi_dsa.check_topk(got, *batch.args(), sorted=sorted) == []
+    assert_same_as_call(got if isinstance(got, np.ndarray) else got.numpy(), batch, topk, sorted=sorted)
 
 
 @pytest.mark.parametrize("sorted_", [False, True])
