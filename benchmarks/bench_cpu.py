@@ -29,19 +29,10 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ffi_dsa  # noqa: E402
+from ffi_dsa.demo import cpu_name  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
 
 TOPK = 2048
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv=None) -> int:
@@ -64,7 +55,7 @@ def main(argv=None) -> int:
     batch = make_batch(lens, seed=a.seed)
     gen_s = time.perf_counter() - t0
     tokens = batch.tokens
-    machine = f"{os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}"
+    machine = f"{os.cpu_count()} cores, {cpu_name()}, Python {platform.python_version()}"
     print(f"bench_cpu: B={a.batch} x {a.tokens} tokens = {tokens} tokens, K={TOPK}; {machine}")
     print(f"  batch generated in {gen_s:.1f} s; timing = median of {a.runs} calls after {a.warmup} warm-up "
           f"(time.perf_counter, versions interleaved)")

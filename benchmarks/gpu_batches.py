@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ffi_dsa.kv_cache import HEAD_DIM, PAGE_TOKENS, TOKEN_BYTES, pack_k_cache
-from ffi_dsa.workloads import NUM_HEADS
+from ffi_dsa.workloads import NUM_HEADS, page_layout
 PAGE_BYTES = PAGE_TOKENS * TOKEN_BYTES
 
 
@@ -78,28 +78,26 @@ def remap_ids(ids: np.ndarray, page_map: np.ndarray) -> np.ndarray:
     return out.astype(np.int32)
 
 
-def make_batch_torch(seq_lens, *, seed: int = 0, device="cuda", spare_pages: int = 0,
-                     max_pages: int | None = None, scale_range=(0.5, 1.5),
-                     chunk_pages: int = 4096) -> TorchBatch:
+CHUNK_PAGES = 4096  # pages generated per step: bounds the float32 temporaries
+
+
+def make_batch_torch(seq_lens, *, seed: int = 0, device="cuda") -> TorchBatch:
     """A batch with the given row lengths, generated on `device` (see the module docstring)."""
     device = torch.device(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     lens = np.asarray(seq_lens, dtype=np.int64)
-    pages_per_row = (np.clip(lens, 0, None) + PAGE_TOKENS - 1) // PAGE_TOKENS
-    max_pages = int(max(1, pages_per_row.max(initial=0))) if max_pages is None else int(max_pages)
-    num_pages = max(1, int(pages_per_row.sum()) + spare_pages)
+    pages_per_row, max_pages, num_pages = page_layout(lens)
     batch = len(lens)
 
     k_cache = torch.empty((num_pages, PAGE_TOKENS, 1, TOKEN_BYTES), dtype=torch.int8, device=device)
     flat = k_cache.view(torch.uint8).view(num_pages, PAGE_BYTES)
-    for start in range(0, num_pages, chunk_pages):  # chunks bound the float32 temporaries
-        n = min(chunk_pages, num_pages - start)
+    for start in range(0, num_pages, CHUNK_PAGES):
+        n = min(CHUNK_PAGES, num_pages - start)
         keys = torch.randn((n, PAGE_TOKENS, HEAD_DIM), generator=gen, device=device)
         flat[start:start + n] = pack_k_cache(keys).view(torch.uint8).view(n, PAGE_BYTES)
-    if scale_range is not None:
-        scales = flat[:, PAGE_TOKENS * HEAD_DIM:].view(torch.float32)  # [num_pages, 64], a view
-        scales.uniform_(float(scale_range[0]), float(scale_range[1]), generator=gen)
+    scales = flat[:, PAGE_TOKENS * HEAD_DIM:].view(torch.float32)  # [num_pages, 64], a view
+    scales.uniform_(0.5, 1.5, generator=gen)  # make_batch's default scale_range
 
     q = torch.randn((batch, NUM_HEADS, HEAD_DIM), generator=gen, device=device).to(torch.float8_e4m3fn)
     weights = torch.randn((batch, NUM_HEADS), generator=gen, device=device)
@@ -109,8 +107,8 @@ def make_batch_torch(seq_lens, *, seed: int = 0, device="cuda", spare_pages: int
                              np.zeros(0, np.int64), device=device)
     counts = torch.as_tensor(pages_per_row, device=device)
     col = torch.arange(max_pages, device=device)
-    take = (col[None] < counts[:, None]) & (col[None] < max_pages)
+    take = col[None] < counts[:, None]
     idx = (starts[:, None] + col[None]).clamp(max=num_pages - 1)
     block_table = torch.where(take, pool[idx], torch.full((), -1, dtype=torch.int32, device=device))
     seq = torch.as_tensor(lens.astype(np.int32), device=device)
-    return TorchBatch(q.contiguous(), k_cache, weights.contiguous(), seq, block_table.to(torch.int32).contiguous())
+    return TorchBatch(q, k_cache, weights, seq, block_table)

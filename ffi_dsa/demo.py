@@ -79,7 +79,8 @@ def _fmt_seconds(t: float) -> str:
     return f"{t * 1e6:.1f} us" if t < 1e-3 else f"{t * 1e3:.2f} ms" if t < 1 else f"{t:.2f} s"
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The host CPU's model name (for benchmark and demo reports)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -112,7 +113,7 @@ def run(device: str = "auto", seed: int = 2026, rows: int = 16, max_len: int = 3
         out = np.full((rows, TOPK), -7, dtype=np.int32)
         import os
 
-        label = f"cpu ({_cpu_name()}, {os.cpu_count()} cores; {why})"
+        label = f"cpu ({cpu_name()}, {os.cpu_count()} cores; {why})"
         timer = _time_cpu
 
     def once():

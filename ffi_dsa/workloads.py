@@ -45,14 +45,21 @@ class Batch:
         return int(np.clip(self.seq_lens, 0, None).sum())
 
 
+def page_layout(seq_lens, spare_pages: int = 0, max_pages: int | None = None) -> tuple[np.ndarray, int, int]:
+    """(pages per row, block-table width, pool size) of a batch with these lengths: the width is the
+    longest row's page count unless given, the pool every row's pages plus `spare_pages`."""
+    pages_per_row = (np.clip(np.asarray(seq_lens, dtype=np.int64), 0, None) + PAGE_TOKENS - 1) // PAGE_TOKENS
+    max_pages = int(max(1, pages_per_row.max(initial=0))) if max_pages is None else int(max_pages)
+    num_pages = max(1, int(pages_per_row.sum()) + spare_pages)
+    return pages_per_row, max_pages, num_pages
+
+
 def make_batch(seq_lens, *, seed: int = 0, spare_pages: int = 0, max_pages: int | None = None,
                scale_range=(0.5, 1.5)) -> Batch:
     """A batch with the given row lengths; pages are drawn without replacement from a shuffled pool."""
     rng = np.random.default_rng(seed)
     seq_lens = np.asarray(seq_lens, dtype=np.int32)
-    pages_per_row = (np.clip(seq_lens, 0, None) + PAGE_TOKENS - 1) // PAGE_TOKENS
-    max_pages = int(max(1, pages_per_row.max(initial=0))) if max_pages is None else max_pages
-    num_pages = max(1, int(pages_per_row.sum()) + spare_pages)
+    pages_per_row, max_pages, num_pages = page_layout(seq_lens, spare_pages, max_pages)
 
     keys = rng.standard_normal((num_pages, PAGE_TOKENS, HEAD_DIM), dtype=np.float32)
     k_cache = pack_k_cache(keys)
