@@ -44,9 +44,10 @@ const DeviceInfo& GetDeviceInfo(int device) {
     info.max_smem_optin = static_cast<size_t>(optin);
     if (info.major == 9 && info.minor == 0) {
       // Both kernels have fixed shared-memory footprints: check them once per device, not per call.
-      if (sm90::ScoreSmemBytes() > info.max_smem_optin || sizeof(sm90::SelectSmem) > info.max_smem_optin) {
+      const size_t select_bytes = sm90::SelectSmemBytes(sm90::kMaxStagedKeys);
+      if (sm90::ScoreSmemBytes() > info.max_smem_optin || select_bytes > info.max_smem_optin) {
         TVM_FFI_THROW(RuntimeError) << "internal: the kernels need " << sm90::ScoreSmemBytes() << " and "
-                                    << sizeof(sm90::SelectSmem) << " B of shared memory, device " << device
+                                    << select_bytes << " B of shared memory, device " << device
                                     << " allows " << info.max_smem_optin;
       }
       TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(sm90::ScorePagesKernel,
@@ -152,7 +153,7 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
   }
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device));
 
-  const sm90::Schedule plan = sm90::PlanSchedule(a.batch, a.max_pages, info.sm_count, sm90::kTileKeys, sm90::kMaxSelectCluster);
+  const sm90::Schedule plan = sm90::PlanSchedule(a.batch, a.max_pages, info.sm_count, sm90::kSliceKeys, sm90::kMaxSelectCluster);
   const int64_t row_stride = a.max_pages * ffi_dsa::kPageTokens;
   Workspace workspace(AlignUp(a.batch * row_stride * sizeof(uint32_t)), a.device, stream);
   uint32_t* keys = reinterpret_cast<uint32_t*>(workspace.data());
@@ -184,12 +185,15 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
   sel.max_pages = static_cast<int32_t>(a.max_pages);
   sel.topk = static_cast<int32_t>(a.topk);
   sel.sorted = sorted_by_score;
+  // Shared memory for the longest slice the table allows (slices of longer rows read L2).
+  sel.staged_capacity = static_cast<uint32_t>(std::min<int64_t>(
+      sm90::kMaxStagedKeys, sm90::SliceLength(std::max<int64_t>(1, a.max_pages) * ffi_dsa::kPageTokens, plan.cluster_size)));
   // One cluster per row; programmatic stream serialization lets the select CTAs be placed while
   // the score kernel still runs (they wait for it with griddepcontrol.wait before reading keys).
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(a.batch * plan.cluster_size));
   config.blockDim = dim3(sm90::kSelectThreads);
-  config.dynamicSmemBytes = sizeof(sm90::SelectSmem);
+  config.dynamicSmemBytes = sm90::SelectSmemBytes(sel.staged_capacity);
   config.stream = stream;
   cudaLaunchAttribute attrs[2];
   attrs[0].id = cudaLaunchAttributeClusterDimension;

@@ -14,16 +14,16 @@ struct Schedule {
   int32_t cluster_size;  // kernel 2: CTAs per row
 };
 
-// Kernel 2 gives a row one CTA up to slice_keys keys (what one CTA holds in registers), and a
+// Kernel 2 gives a row one CTA up to slice_keys keys (sm90_select_rows.cuh: kSliceKeys), and a
 // cluster of up to max_cluster CTAs beyond: cluster barriers and DSMEM reads add latency, so a
-// cluster pays only for rows too long for one SM. Rows longer than max_cluster slices are walked
-// tile by tile (slower, correct).
+// cluster pays only for rows too long for one SM. Rows longer than max_cluster slices give each
+// CTA a longer slice.
 inline Schedule PlanSchedule(int64_t batch, int64_t max_pages, int num_sms, int64_t slice_keys, int max_cluster) {
   const int64_t max_tokens = std::max<int64_t>(1, max_pages) * kPageTokens;
   Schedule s;
   s.score_ctas = static_cast<int32_t>(std::clamp<int64_t>(batch * std::max<int64_t>(1, max_pages), 1,
                                                           std::max(1, num_sms)));
-  // At most one wave: the select kernel holds one CTA per SM (~123 registers x 512 threads), and
+  // At most one wave: the select kernel holds one CTA per SM (~105 registers x 512 threads), and
   // a second wave of clusters (W4: 64 rows x 4 CTAs) cost more than two tiles per CTA.
   const int64_t one_wave = std::max<int64_t>(1, std::max(1, num_sms) / std::max<int64_t>(1, batch));
   s.cluster_size = static_cast<int32_t>(std::clamp<int64_t>((max_tokens + slice_keys - 1) / slice_keys, 1,

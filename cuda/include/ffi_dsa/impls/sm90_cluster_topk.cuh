@@ -3,21 +3,27 @@
 // memory (DSMEM), so a long row is selected by several SMs without another kernel or a round trip
 // through global memory (up to 8 SMs). A cluster of one CTA is the plain block-wide case.
 //
-// Keys live in registers: thread t of a CTA owns kKeysPerThread consecutive positions of each
-// tile of kTileKeys keys (one tile = the whole slice for rows up to 8K keys per CTA), so every
-// pass is an unrolled loop over registers, and "winners before me" is one block scan.
+// Every pass reads its keys from a KeySpan (a CTA's slice staged in shared memory, the slice
+// walked from L2 when it is too long to stage, or the gathered keys of one bucket) through one
+// loop over tiles of one 4-key quad per thread. Each pass exists once in the binary: v9 held 16
+// keys per thread in registers with every pass unrolled and instantiated two to six times (a
+// 200 KB kernel, 43% of its ncu stall samples "no instruction"); this layout is half the code
+// and 4.6% (though that alone did not shorten the select: its phases are chains of dependent
+// steps and barriers). Cluster exchanges read one value per CTA (stats, totals, counts) or a
+// coarse-then-fine histogram, never a whole histogram per thread.
 //
 // 1. ClusterThreshold finds the key T of the K-th best key of the row and how many keys equal to
-//    T are taken. Fast path: the score range (min/max, computed while the keys are loaded), a
-//    2048-bucket histogram linear in the score value (a row's top tail spreads over many buckets,
-//    so shared-memory atomics rarely collide; a radix histogram on key bits crowds a row into a
-//    few bins, because its scores share exponent bits, and measured 5-10x slower on H100), then
-//    the keys of the K-th key's bucket are gathered from every CTA and ranked exactly.
-//    Degenerate ranges (all equal, infinities, a bucket too full) fall back to RadixThreshold:
-//    MSB-first 4-bit digits, bin totals summed over the cluster.
-// 2. ClusterEmit: a block scan of (greater-than-T, equal-to-T) counts plus the totals of the
-//    lower-ranked CTAs give every winner its output slot, so winners come out by ascending
-//    position and ties at T go to the smallest positions, deterministically.
+//    T are taken. Fast path: the score range (min/max), a 2048-bucket histogram linear in the
+//    score value (a row's top tail spreads over many buckets, so shared-memory atomics rarely
+//    collide; a radix histogram on key bits crowds a row into a few bins, because its scores
+//    share exponent bits, and measured 5-10x slower on H100), then the keys of the K-th key's
+//    bucket are gathered from every CTA and ranked exactly. Degenerate ranges (all equal,
+//    infinities, a bucket too full) fall back to RadixThreshold: MSB-first 4-bit digits, bin
+//    totals summed over the cluster.
+// 2. Emit (sm90_select_rows.cuh): (greater-than-T, equal-to-T) counts per (tile, warp), their
+//    block prefix, a warp scan inside the tile and the totals of the lower-ranked CTAs give every
+//    winner its output slot, so winners come out by ascending position and ties at T go to the
+//    smallest positions, deterministically.
 // 3. SortSelectedDescending: for sorted=True, a block radix sort of (key, ~position) words.
 //
 // Control flow that reaches a cluster barrier depends only on cluster-wide totals, so every CTA
@@ -28,7 +34,6 @@
 #include <climits>
 #include <cstdint>
 #include <cub/block/block_radix_sort.cuh>
-#include <cub/block/block_scan.cuh>
 
 #include "ffi_dsa/contract.h"
 #include "ffi_dsa/rank_key.h"
@@ -36,6 +41,13 @@
 namespace ffi_dsa::sm90 {
 
 namespace cg = cooperative_groups;
+
+// The select is a chain of short dependent steps, so it wants many warps (two CTAs per SM at
+// a 64-register cap measured 10-30% slower in v10a). A pass walks the keys as tiles of one
+// 4-key quad per thread, in a loop that is not unrolled: the kernel runs once per launch, so
+// straight-line code is fetched from L2 as it executes, and a rolled loop is fetched once.
+constexpr int kSelectThreads = 512;
+constexpr int kTileKeys = kSelectThreads * 4;  // 2048
 
 // Winners are keys > key, plus the first `ties` keys == key in position order.
 struct Threshold {
@@ -48,8 +60,76 @@ constexpr Threshold kTakeAll{1u, UINT_MAX};
 constexpr int kDigitBits = 4;
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kBuckets = 2048;
+constexpr int kGroupBuckets = 32;  // the histogram is exchanged coarse (groups of 32) then fine
+constexpr int kGroups = kBuckets / kGroupBuckets;
+// Largest cluster the exchanges are written for (portable cluster size).
+constexpr int kMaxClusterRanks = 8;
 constexpr int kGatherCapacity = 2048;
 constexpr int kRankAllPairsMax = 256;  // gathered keys ranked by all-pairs counting up to this
+constexpr int kSelectWarps = kSelectThreads / 32;
+static_assert(kGroups <= kSelectThreads && kGroupBuckets == 32 && kSelectWarps >= kBins && kBuckets == 4 * kSelectThreads,
+              "thread roles");
+
+// The keys one pass reads: `staged` in shared memory, or else `global`, read through L2 (written
+// by the previous kernel: never through L1). Either buffer may be read up to the next multiple of
+// 4 keys past `count` (the workspace rows and the staging buffers are whole pages); those keys
+// are masked, never used.
+struct KeySpan {
+  const uint32_t* staged;
+  const uint32_t* global;
+  uint32_t count;
+};
+
+__device__ __forceinline__ uint32_t Tiles(const KeySpan& span) { return (span.count + kTileKeys - 1) / kTileKeys; }
+
+// The quad a thread holds of a tile: warp w the 128 keys at 128 w, lane l the 4 at 4 l. A warp's
+// 16-byte loads read 512 contiguous bytes: no shared-memory bank conflicts (16 consecutive keys
+// per thread measured 4-way conflicts on every pass) and whole sectors from L2.
+__device__ __forceinline__ uint32_t QuadPosition(uint32_t tile) { return tile * kTileKeys + threadIdx.x * 4; }
+
+// Keys [pos, pos + 4) of the span; kNotCandidate past its end.
+__device__ __forceinline__ uint4 LoadQuad(const KeySpan& span, uint32_t pos) {
+  uint4 q = make_uint4(kNotCandidate, kNotCandidate, kNotCandidate, kNotCandidate);
+  if (pos < span.count) {
+    q = span.staged != nullptr ? *reinterpret_cast<const uint4*>(span.staged + pos)
+                               : __ldcg(reinterpret_cast<const uint4*>(span.global + pos));
+    if (pos + 4 > span.count) {
+      q.y = pos + 1 < span.count ? q.y : kNotCandidate;
+      q.z = pos + 2 < span.count ? q.z : kNotCandidate;
+      q.w = kNotCandidate;
+    }
+  }
+  return q;
+}
+
+// Tiles are walked kBatchTiles at a time: the batch's loads are issued together and its
+// independent chains overlap (one tile per iteration measured 1.5-2x slower per pass).
+constexpr uint32_t kBatchTiles = 4;
+
+// f(position of the quad in the span, quad) for every tile of the span, and for up to
+// kBatchTiles - 1 empty quads (all kNotCandidate) past the end; every thread of the CTA walks
+// the same tiles.
+template <typename F>
+__device__ __forceinline__ void ForEachQuad(const KeySpan& span, F&& f) {
+  const uint32_t tiles = Tiles(span);
+#pragma unroll 1
+  for (uint32_t t = 0; t < tiles; t += kBatchTiles) {
+    uint4 q[kBatchTiles];
+#pragma unroll
+    for (uint32_t u = 0; u < kBatchTiles; ++u) q[u] = LoadQuad(span, QuadPosition(t + u));
+#pragma unroll
+    for (uint32_t u = 0; u < kBatchTiles; ++u) f(QuadPosition(t + u), q[u]);
+  }
+}
+template <typename F>
+__device__ __forceinline__ void ForEachKey(const KeySpan& span, F&& f) {
+  ForEachQuad(span, [&](uint32_t, const uint4& q) {
+    f(q.x);
+    f(q.y);
+    f(q.z);
+    f(q.w);
+  });
+}
 
 struct SliceStats {
   float lo, hi;  // range of the numbers (keys above kNaNKey)
@@ -58,39 +138,38 @@ struct SliceStats {
 
 // Sorted output: words[0, selected) hold RankWord(key, position) of the winners; the rest of
 // the capacity is padded with 0 (sorts last). Afterwards words[r] is the r-th best.
-template <int kThreads>
 struct SortStorage {
-  static constexpr int kItems = (kMaxTopK + kThreads - 1) / kThreads;
-  static constexpr int kCapacity = kItems * kThreads;
-  using Sort = cub::BlockRadixSort<unsigned long long, kThreads, kItems>;
+  static constexpr int kItems = (kMaxTopK + kSelectThreads - 1) / kSelectThreads;
+  static constexpr int kCapacity = kItems * kSelectThreads;
+  using Sort = cub::BlockRadixSort<unsigned long long, kSelectThreads, kItems>;
   unsigned long long words[kCapacity];
   typename Sort::TempStorage temp;
 };
 
-template <int kThreads>
 struct ClusterSelectStorage {
-  static constexpr int kWarps = kThreads / 32;
-  static constexpr int kBucketsPerThread = kBuckets / kThreads;
-  static_assert(kBuckets % kThreads == 0 && kWarps >= kBins, "thread roles");
-  SortStorage<kThreads> sorting;  // rank 0's is the target of every CTA's winners
+  SortStorage sorting;  // rank 0's is the target of every CTA's winners
   // Read by the other CTAs of the cluster (after a cluster barrier):
   SliceStats stats;
-  uint32_t hist[kBuckets];
-  uint32_t gathered[kGatherCapacity];
+  alignas(16) uint32_t hist[kBuckets];  // one CTA: read as 4 buckets per thread
+  uint32_t group_hist[kGroups];
+  alignas(16) uint32_t gathered[kGatherCapacity];  // read in quads (16-byte loads) when ranked
   uint32_t gathered_count;
   uint32_t bin_local[2][kBins];  // by pass parity: a pass never overwrites what a slower CTA still reads
   unsigned long long emit_totals;  // (greater, equal) counts of this CTA's slice
+  uint32_t warp_sums[kSelectWarps];
+  unsigned long long warp_sums64[kSelectWarps];
+  uint32_t chunk_offsets[kSelectThreads];  // emit: exclusive prefix of (tile, warp) counts
   // Local:
-  uint32_t united[kGatherCapacity];  // the gathered keys of every CTA
-  uint32_t warp_bins[kWarps][kBins];
-  SliceStats warp_stats[kWarps];
+  SliceStats row_stats;
+  uint32_t rank_counts[kMaxClusterRanks];
+  unsigned long long rank_totals[kMaxClusterRanks];
+  uint32_t kth_group, group_above;
+  alignas(16) uint32_t united[kGatherCapacity];  // the gathered keys of every CTA (read in quads)
+  uint32_t warp_bins[kSelectWarps][kBins];
+  SliceStats warp_stats[kSelectWarps];
   uint32_t bin_total[kBins];
   uint32_t result_key, result_ties, result_count;
   uint32_t digit, above, take_all;
-  union {
-    typename cub::BlockScan<uint32_t, kThreads>::TempStorage scan32;
-    typename cub::BlockScan<unsigned long long, kThreads>::TempStorage scan64;
-  };
 };
 
 template <typename T>
@@ -98,27 +177,58 @@ __device__ __forceinline__ T* AtRank(T* local, int rank) {
   return cg::this_cluster().map_shared_rank(local, rank);
 }
 __device__ __forceinline__ void ClusterBarrier() { cg::this_cluster().sync(); }
+// A cluster barrier for clusters, a block barrier for one CTA.
+__device__ __forceinline__ void RowBarrier(int cluster_size) {
+  if (cluster_size > 1) ClusterBarrier(); else __syncthreads();
+}
+
+__device__ __forceinline__ uint32_t WarpInclusiveSum(uint32_t x) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const uint32_t y = __shfl_up_sync(0xFFFFFFFFu, x, o);
+    if (lane >= o) x += y;
+  }
+  return x;
+}
+
+// Exclusive prefix sum over the CTA's threads in thread order; `total` gets the sum. Not inlined:
+// one copy serves every caller. Ends with a barrier.
+__device__ __noinline__ uint32_t BlockExclusiveSum(ClusterSelectStorage& s, uint32_t x, uint32_t& total) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t incl = WarpInclusiveSum(x);
+  if (lane == 31) s.warp_sums[warp] = incl;
+  __syncthreads();
+  const uint32_t warps = WarpInclusiveSum(lane < kSelectWarps ? s.warp_sums[lane] : 0u);
+  const uint32_t before = warp > 0 ? __shfl_sync(0xFFFFFFFFu, warps, warp - 1) : 0u;
+  total = __shfl_sync(0xFFFFFFFFu, warps, kSelectWarps - 1);
+  __syncthreads();
+  return before + incl - x;
+}
+
+// Sum over the CTA (every thread gets it). Ends with a barrier.
+__device__ __forceinline__ unsigned long long BlockSum64(ClusterSelectStorage& s, unsigned long long x) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, o);
+  if (threadIdx.x % 32 == 0) s.warp_sums64[threadIdx.x / 32] = x;
+  __syncthreads();
+  unsigned long long total = 0;
+#pragma unroll 1
+  for (int w = 0; w < kSelectWarps; ++w) total += s.warp_sums64[w];
+  __syncthreads();
+  return total;
+}
 
 __device__ __forceinline__ float KeyToScore(uint32_t key) {
   return __uint_as_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
 }
 
 // Must run before the first cluster barrier of the select (they are read remotely after it).
-template <int kThreads>
-__device__ void ResetClusterSelect(ClusterSelectStorage<kThreads>& s) {
-  for (int i = threadIdx.x; i < kBuckets; i += kThreads) s.hist[i] = 0;
+__device__ __forceinline__ void ResetClusterSelect(ClusterSelectStorage& s) {
+  for (int i = threadIdx.x; i < kBuckets; i += kSelectThreads) s.hist[i] = 0;
   if (threadIdx.x == 0) s.gathered_count = 0;
 }
 
-__device__ __forceinline__ void AccumulateStats(SliceStats& st, uint32_t key) {
-  if (key > kNaNKey) {
-    const float v = KeyToScore(key);
-    st.lo = fminf(st.lo, v);
-    st.hi = fmaxf(st.hi, v);
-    ++st.numbers;
-  }
-  st.nans += key == kNaNKey;
-}
 __device__ __forceinline__ SliceStats EmptyStats() {
   return SliceStats{__int_as_float(0x7F800000), __int_as_float(0xFF800000), 0u, 0u};
 }
@@ -144,15 +254,25 @@ __device__ __forceinline__ SliceStats WarpStats(SliceStats st) {
   return st;
 }
 
-// The row's stats, to every thread of every CTA: block reduce, then (cluster) sum over the CTAs.
-template <int kThreads>
-__device__ SliceStats RowStats(ClusterSelectStorage<kThreads>& s, SliceStats st, int cluster_size) {
+// The row's stats, to every thread of every CTA: this thread's keys, block reduce, then
+// (cluster) sum over the CTAs.
+__device__ SliceStats RowStats(ClusterSelectStorage& s, const KeySpan& slice, int cluster_size) {
+  SliceStats st = EmptyStats();
+  ForEachKey(slice, [&](uint32_t key) {
+    if (key > kNaNKey) {
+      const float v = KeyToScore(key);
+      st.lo = fminf(st.lo, v);
+      st.hi = fmaxf(st.hi, v);
+      ++st.numbers;
+    }
+    st.nans += key == kNaNKey;
+  });
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   st = WarpStats(st);
   if (lane == 0) s.warp_stats[warp] = st;
   __syncthreads();
   if (warp == 0) {
-    st = WarpStats(lane < kThreads / 32 ? s.warp_stats[lane] : EmptyStats());
+    st = WarpStats(lane < kSelectWarps ? s.warp_stats[lane] : EmptyStats());
     if (lane == 0) s.stats = st;
   }
   if (cluster_size == 1) {
@@ -160,23 +280,26 @@ __device__ SliceStats RowStats(ClusterSelectStorage<kThreads>& s, SliceStats st,
     return s.stats;
   }
   ClusterBarrier();
-  SliceStats all = EmptyStats();
-  for (int r = 0; r < cluster_size; ++r) all = Combine(all, *AtRank(&s.stats, r));
-  return all;
+  // One remote read per CTA of the cluster (lane r reads rank r), not one per thread: DSMEM
+  // reads by every thread measured ~7K cycles for a cluster of 8.
+  if (warp == 0) {
+    st = WarpStats(lane < cluster_size ? *AtRank(&s.stats, lane) : EmptyStats());
+    if (lane == 0) s.row_stats = st;
+  }
+  __syncthreads();
+  return s.row_stats;
 }
 
-// `for_each_key(f)` calls f(key) for every key this thread owns (any split of the cluster's
-// keys among its threads). With `cluster_size` 1 the search is local to the CTA (and may run on
-// data that every CTA holds identically). `whole_row`: the keys are all the row's keys, so two
-// shortcuts are sound: at most K keys (all win), and a digit bin that holds exactly the remaining
-// winners (the threshold is then the bin's prefix with unlimited ties). On a subset (the K-th
-// key's value bucket) neither is: keys outside the subset may lie between the prefix and the
-// bucket, so the search runs to the exact K-th key. Ends with a barrier. The fallback path:
-// per-warp bins with shared-memory atomics (slow when keys crowd, reached only for degenerate
-// rows and crowded buckets).
-template <int kThreads, typename ForEachKey>
-__device__ Threshold RadixThreshold(ClusterSelectStorage<kThreads>& s, uint32_t topk, int cluster_size,
-                                    ForEachKey&& for_each_key, bool whole_row = true) {
+// MSB-first radix search for the topk-th best key of `span` (each CTA of the cluster passes its
+// own slice; `cluster_size` 1: the search is local to the CTA). `whole_row`: the keys are all the
+// row's keys, so two shortcuts are sound: at most K keys (all win), and a digit bin that holds
+// exactly the remaining winners (the threshold is then the bin's prefix with unlimited ties). On
+// a subset (the K-th key's value bucket) neither is: keys outside the subset may lie between the
+// prefix and the bucket, so the search runs to the exact K-th key. Per-warp bins with
+// shared-memory atomics: slow when keys crowd, reached only for degenerate rows and crowded
+// buckets. Not inlined: one copy serves both callers. Ends with a barrier.
+__device__ __noinline__ Threshold RadixThreshold(ClusterSelectStorage& s, const KeySpan span, uint32_t topk,
+                                                 int cluster_size, bool whole_row) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   uint32_t prefix = 0, prefix_mask = 0, remaining = topk;
   int pass = 0;
@@ -184,27 +307,22 @@ __device__ Threshold RadixThreshold(ClusterSelectStorage<kThreads>& s, uint32_t 
   for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits, ++pass) {
     if (lane < kBins) s.warp_bins[warp][lane] = 0;
     __syncwarp();
-    for_each_key([&](uint32_t key) {
+    ForEachKey(span, [&](uint32_t key) {
       if (key != kNotCandidate && (key & prefix_mask) == prefix) atomicAdd(&s.warp_bins[warp][(key >> shift) & (kBins - 1)], 1u);
     });
     __syncthreads();
     if (warp < kBins) {
       uint32_t total = 0;
-      for (int w = lane; w < kThreads / 32; w += 32) total += s.warp_bins[w][warp];
+      for (int w = lane; w < kSelectWarps; w += 32) total += s.warp_bins[w][warp];
 #pragma unroll
       for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xFFFFFFFFu, total, offset);
       if (lane == 0) s.bin_local[pass & 1][warp] = total;
     }
-    if (cluster_size > 1) {
-      ClusterBarrier();  // also a block barrier
-      if (tid < kBins) {
-        uint32_t total = 0;
-        for (int r = 0; r < cluster_size; ++r) total += *AtRank(&s.bin_local[pass & 1][tid], r);
-        s.bin_total[tid] = total;
-      }
-    } else {
-      __syncthreads();
-      if (tid < kBins) s.bin_total[tid] = s.bin_local[pass & 1][tid];
+    RowBarrier(cluster_size);
+    if (tid < kBins) {
+      uint32_t total = 0;
+      for (int r = 0; r < cluster_size; ++r) total += cluster_size > 1 ? *AtRank(&s.bin_local[pass & 1][tid], r) : s.bin_local[pass & 1][tid];
+      s.bin_total[tid] = total;
     }
     __syncthreads();
     if (tid == 0) {
@@ -235,55 +353,87 @@ __device__ Threshold RadixThreshold(ClusterSelectStorage<kThreads>& s, uint32_t 
   return Threshold{prefix, remaining};
 }
 
-// The row's threshold, given the row's stats (every CTA has the same). Call after
-// ResetClusterSelect and RowStats. Ends with a barrier.
-template <int kThreads, typename ForEachKey>
-__device__ Threshold ClusterThreshold(ClusterSelectStorage<kThreads>& s, uint32_t topk, const SliceStats& row,
-                                      int cluster_size, ForEachKey&& for_each_key) {
-  using Storage = ClusterSelectStorage<kThreads>;
+// What the bucket search could not settle: a radix search over `span`.
+struct RadixJob {
+  KeySpan span;
+  uint32_t topk;
+  int cluster_size;
+  bool whole_row;
+};
+
+// The value-bucket fast path. Returns true with `th` set, or false with the radix search that
+// must finish the job. Ends with a barrier.
+__device__ bool BucketThreshold(ClusterSelectStorage& s, const KeySpan& slice, uint32_t topk, const SliceStats& row,
+                                int cluster_size, Threshold& th, RadixJob& job) {
   const int tid = threadIdx.x;
-  if (row.numbers + row.nans <= topk) return kTakeAll;
-  if (row.numbers < topk) return Threshold{kNaNKey, topk - row.numbers};  // every number, then NaNs by position
+  job = RadixJob{slice, topk, cluster_size, true};
   const float lo = row.lo, range = row.hi - row.lo;
-  if (!(range > 0.0f && range < __int_as_float(0x7F800000))) {  // all equal, or infinities
-    return RadixThreshold<kThreads>(s, topk, cluster_size, for_each_key);
-  }
+  if (!(range > 0.0f && range < __int_as_float(0x7F800000))) return false;  // all equal, or infinities
   // Monotone in the score, so monotone in the key: bucket order is rank order.
   const float per_unit = static_cast<float>(kBuckets) / range;
-  if (!(per_unit < __int_as_float(0x7F800000))) {  // a range so small that 2048 / range overflows
-    return RadixThreshold<kThreads>(s, topk, cluster_size, for_each_key);
-  }
+  if (!(per_unit < __int_as_float(0x7F800000))) return false;  // a range so small that 2048 / range overflows
   auto bucket_of = [&](uint32_t key) { return min(kBuckets - 1, static_cast<int>((KeyToScore(key) - lo) * per_unit)); };
 
-  for_each_key([&](uint32_t key) {
+  ForEachKey(slice, [&](uint32_t key) {
     if (key > kNaNKey) atomicAdd(&s.hist[bucket_of(key)], 1u);
   });
-  if (cluster_size > 1) ClusterBarrier(); else __syncthreads();
-  {  // the bucket of the K-th number: thread t owns buckets counted from the top
-    constexpr int kPer = Storage::kBucketsPerThread;
-    const int first = kBuckets - kPer * (tid + 1);  // this thread's lowest bucket
-    uint32_t count[kPer];
+  __syncthreads();
+  if (cluster_size == 1) {  // thread t owns 4 buckets counted from the top
+    const int first = kBuckets - 4 * (tid + 1);
+    const uint4 c = *reinterpret_cast<const uint4*>(&s.hist[first]);
+    const uint32_t count[4] = {c.x, c.y, c.z, c.w};
+    uint32_t total;
+    uint32_t above = BlockExclusiveSum(s, c.x + c.y + c.z + c.w, total);
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) count[i] = s.hist[first + i];
-    for (int r = 1; r < cluster_size; ++r) {  // the other CTAs, each starting at a different one
-      const uint32_t* h = AtRank(s.hist, (static_cast<int>(cg::this_cluster().block_rank()) + r) % cluster_size);
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) count[i] += h[first + i];
+    for (int i = 3; i >= 0; --i) {
+      if (above < topk && above + count[i] >= topk) {
+        s.result_key = first + i;
+        s.result_ties = above;
+        s.result_count = count[i];
+      }
+      above += count[i];
     }
-    uint32_t sum = 0;
+  } else {
+    // A cluster, coarse then fine: the group of 32 buckets that holds the K-th number, then its
+    // bucket. A CTA reads 64 + 32 counts from each other CTA instead of the whole histogram (every
+    // thread reading 4 buckets of every CTA measured 16-20K cycles for a cluster of 8).
+    const int warp = tid / 32, lane = tid % 32;
+    for (int g = warp; g < kGroups; g += kSelectWarps) {
+      uint32_t c = s.hist[g * kGroupBuckets + lane];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) sum += count[i];
-    uint32_t above;
-    cub::BlockScan<uint32_t, kThreads>(s.scan32).ExclusiveSum(sum, above);
-    if (above < topk && above + sum >= topk) {
+      for (int o = 16; o > 0; o /= 2) c += __shfl_xor_sync(0xFFFFFFFFu, c, o);
+      if (lane == 0) s.group_hist[g] = c;
+    }
+    ClusterBarrier();
+    {
+      const int g = kGroups - 1 - tid;  // thread t: the t-th group from the top
+      uint32_t count = 0;
+      if (tid < kGroups) {
 #pragma unroll
-      for (int i = kPer - 1; i >= 0; --i) {
-        if (above < topk && above + count[i] >= topk) {
-          s.result_key = first + i;
-          s.result_ties = above;
-          s.result_count = count[i];
+        for (int r = 0; r < kMaxClusterRanks; ++r) {
+          if (r < cluster_size) count += AtRank(s.group_hist, r)[g];
         }
-        above += count[i];
+      }
+      uint32_t total;
+      const uint32_t above = BlockExclusiveSum(s, count, total);
+      if (tid < kGroups && above < topk && above + count >= topk) {
+        s.kth_group = g;
+        s.group_above = above;
+      }
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const int bucket = static_cast<int>(s.kth_group) * kGroupBuckets + (kGroupBuckets - 1 - lane);  // lane 0: the top
+      uint32_t count = 0;
+#pragma unroll
+      for (int r = 0; r < kMaxClusterRanks; ++r) {
+        if (r < cluster_size) count += AtRank(s.hist, r)[bucket];
+      }
+      const uint32_t above = s.group_above + WarpInclusiveSum(count) - count;
+      if (above < topk && above + count >= topk) {
+        s.result_key = bucket;
+        s.result_ties = above;
+        s.result_count = count;
       }
     }
   }
@@ -293,53 +443,67 @@ __device__ Threshold ClusterThreshold(ClusterSelectStorage<kThreads>& s, uint32_
   const uint32_t in_bucket = s.result_count;   // over the whole row
   if (in_bucket > kGatherCapacity) {           // too concentrated for the fast path
     __syncthreads();
-    return RadixThreshold<kThreads>(s, topk, cluster_size, for_each_key);
+    return false;
   }
-  for_each_key([&](uint32_t key) {
+  ForEachKey(slice, [&](uint32_t key) {
     if (key > kNaNKey && bucket_of(key) == kth_bucket) s.gathered[atomicAdd(&s.gathered_count, 1u)] = key;
   });
   // Every CTA copies the whole bucket (any order: only the rank-th key and its multiplicity
   // matter), then ranks it locally, identically in every CTA.
-  const uint32_t* united = s.gathered;
+  uint32_t* united = s.gathered;
   if (cluster_size > 1) {
     ClusterBarrier();
+    if (tid < cluster_size) s.rank_counts[tid] = *AtRank(&s.gathered_count, tid);
+    __syncthreads();
     uint32_t offset = 0;
-    for (int r = 0; r < cluster_size; ++r) {
-      const uint32_t* src = AtRank(s.gathered, r);
-      const uint32_t count = *AtRank(&s.gathered_count, r);
-      for (uint32_t i = tid; i < count; i += kThreads) s.united[offset + i] = src[i];
-      offset += count;
+#pragma unroll
+    for (int r = 0; r < kMaxClusterRanks; ++r) {
+      if (r < cluster_size) {
+        const uint32_t* src = AtRank(s.gathered, r);
+        const uint32_t count = s.rank_counts[r];
+#pragma unroll 1
+        for (uint32_t i = tid; i < count; i += kSelectThreads) s.united[offset + i] = src[i];
+        offset += count;
+      }
     }
     united = s.united;
   }
   __syncthreads();
-  Threshold th;
-  if (in_bucket <= kRankAllPairsMax) {
-    if (tid < in_bucket) {
-      const uint32_t e = united[tid];
-      uint32_t greater = 0, not_less = 0;
-      for (uint32_t j = 0; j < in_bucket; ++j) {
-        const uint32_t x = united[j];
-        greater += x > e;
-        not_less += x >= e;
-      }
-      if (greater < rank && rank <= not_less) {  // every copy of the key agrees
-        s.result_key = e;
-        s.result_ties = rank - greater;
-      }
-    }
-    __syncthreads();
-    th = Threshold{s.result_key, s.result_ties};
-  } else {
+  if (in_bucket > kRankAllPairsMax) {
     // Every key equal to the K-th lies in this bucket, so ties found among the gathered keys are
     // the ties of the row.
-    th = RadixThreshold<kThreads>(
-        s, rank, /*cluster_size=*/1,
-        [&](auto&& f) { for (uint32_t i = tid; i < in_bucket; i += kThreads) f(united[i]); },
-        /*whole_row=*/false);
+    job = RadixJob{KeySpan{united, nullptr, in_bucket}, rank, 1, false};
+    return false;
+  }
+  if (tid < in_bucket) {
+    const uint32_t e = united[tid];
+    uint32_t greater = 0, not_less = 0;
+    for (uint32_t j = 0; j < in_bucket; ++j) {
+      const uint32_t x = united[j];
+      greater += x > e;
+      not_less += x >= e;
+    }
+    if (greater < rank && rank <= not_less) {  // every copy of the key agrees
+      s.result_key = e;
+      s.result_ties = rank - greater;
+    }
   }
   __syncthreads();
-  return th;
+  th = Threshold{s.result_key, s.result_ties};
+  __syncthreads();
+  return true;
+}
+
+// The row's threshold, given the row's stats (every CTA has the same). Call after
+// ResetClusterSelect and RowStats. Ends with a barrier.
+__device__ Threshold ClusterThreshold(ClusterSelectStorage& s, const KeySpan& slice, uint32_t topk,
+                                      const SliceStats& row, int cluster_size) {
+  if (row.numbers + row.nans <= topk) return kTakeAll;
+  if (row.numbers < topk) return Threshold{kNaNKey, topk - row.numbers};  // every number, then NaNs by position
+  Threshold th;
+  RadixJob job;
+  if (BucketThreshold(s, slice, topk, row, cluster_size, th, job)) return th;
+  return RadixThreshold(s, job.span, job.topk, job.cluster_size, job.whole_row);
 }
 
 __device__ __forceinline__ bool Wins(uint32_t key, const Threshold& th) { return key > th.key; }
@@ -347,18 +511,16 @@ __device__ __forceinline__ bool Ties(uint32_t key, const Threshold& th) {
   return key == th.key && key != kNotCandidate;  // a threshold of 0 (all -inf) must not take invalid tokens
 }
 
-template <int kThreads>
-__device__ void SortSelectedDescending(SortStorage<kThreads>& s, uint32_t selected) {
-  using Storage = SortStorage<kThreads>;
-  for (int i = selected + threadIdx.x; i < Storage::kCapacity; i += kThreads) s.words[i] = 0ull;
+__device__ void SortSelectedDescending(SortStorage& s, uint32_t selected) {
+  for (int i = selected + threadIdx.x; i < SortStorage::kCapacity; i += kSelectThreads) s.words[i] = 0ull;
   __syncthreads();
-  unsigned long long items[Storage::kItems];
+  unsigned long long items[SortStorage::kItems];
 #pragma unroll
-  for (int i = 0; i < Storage::kItems; ++i) items[i] = s.words[threadIdx.x * Storage::kItems + i];
+  for (int i = 0; i < SortStorage::kItems; ++i) items[i] = s.words[threadIdx.x * SortStorage::kItems + i];
   __syncthreads();
-  typename Storage::Sort(s.temp).SortDescending(items);
+  typename SortStorage::Sort(s.temp).SortDescending(items);
 #pragma unroll
-  for (int i = 0; i < Storage::kItems; ++i) s.words[threadIdx.x * Storage::kItems + i] = items[i];
+  for (int i = 0; i < SortStorage::kItems; ++i) s.words[threadIdx.x * SortStorage::kItems + i] = items[i];
   __syncthreads();
 }
 

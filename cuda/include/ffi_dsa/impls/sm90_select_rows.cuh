@@ -1,10 +1,10 @@
 // Kernel 2 of the Hopper path: the exact top-K of every row from the rank keys kernel 1 left in
 // the workspace (L2-resident right after it). One cluster of `cluster_size` CTAs per row
 // (sm90_cluster_topk.cuh); CTA r of the cluster owns the r-th slice of the row (whole pages).
-// A slice of up to kTileKeys keys is loaded once into registers (16 consecutive keys per thread,
-// 16-byte loads); longer slices (rows of more than 8 x 8K tokens) are walked tile by tile from
-// L2 on every pass. Launched with programmatic stream serialization: its CTAs are placed while
-// kernel 1 runs, read their inputs (lengths, page ids) and then wait for kernel 1's keys.
+// A slice of up to `staged_capacity` keys is copied once into shared memory by one bulk copy
+// and every pass reads it there; longer slices (rows of more than 8 x 32K tokens) are walked
+// from L2 on every pass. Launched with programmatic stream serialization: its CTAs are placed
+// while kernel 1 runs, read their inputs (lengths, page ids) and then wait for kernel 1's keys.
 #pragma once
 #include <cstdint>
 
@@ -24,25 +24,31 @@ struct SelectParams {
   int64_t row_stride;
   int32_t max_pages;
   int32_t topk;
+  uint32_t staged_capacity;  // keys of shared memory behind SelectSmem (a multiple of 64)
   bool sorted;
 };
 
-// Keys per thread and threads: the select is a chain of short dependent steps, so it wants many
-// warps (512 threads with keys re-read from shared memory measured 13.4 cycles per issued
-// instruction) and keys in registers; 1024 threads x 16 keys spilled at the 64-register cap,
-// 512 x 16 fits in 123 registers.
-constexpr int kSelectThreads = 512;
-constexpr int kKeysPerThread = 16;
-constexpr int kTileKeys = kSelectThreads * kKeysPerThread;  // 8192
-constexpr int kTilePages = kTileKeys / kPageTokens;
+// Keys one CTA selects alone; a longer row gets a cluster of ceil(n / kSliceKeys) CTAs (W1's 8K
+// row on a cluster of 4 measured 2x the threshold time of one CTA: barriers and DSMEM reads).
+constexpr int kSliceKeys = 8192;
 // Portable cluster size. 16 (H100's non-portable maximum) was measured slower on a 128K row
 // (56 vs 50 us): barrier and DSMEM costs grow with the cluster more than the second tile costs.
 constexpr int kMaxSelectCluster = 8;
+static_assert(kMaxSelectCluster <= kMaxClusterRanks, "the cluster exchanges");
+// Keys one CTA stages in shared memory (128 KB): a 256K-token row over a cluster of 8.
+constexpr uint32_t kMaxStagedKeys = 32768;
+constexpr int kMaxStagedPages = kMaxStagedKeys / kPageTokens;
 
 struct SelectSmem {
-  ClusterSelectStorage<kSelectThreads> select;
-  int32_t slice_pages[kTilePages];  // page ids of a one-tile slice: emitting a winner is a smem lookup
+  ClusterSelectStorage select;
+  int32_t slice_pages[kMaxStagedPages];  // page ids of a staged slice: emitting a winner is a smem lookup
+  uint64_t keys_landed;                  // mbarrier of the staging copy
 };
+// Dynamic shared memory of a launch: SelectSmem, then the staged keys.
+__host__ __device__ constexpr size_t StagedKeysOffset() { return (sizeof(SelectSmem) + 127) / 128 * 128; }
+__host__ __device__ constexpr size_t SelectSmemBytes(uint32_t staged_capacity) {
+  return StagedKeysOffset() + size_t(staged_capacity) * sizeof(uint32_t);
+}
 
 // Slice length per CTA: whole pages, so slices start on a page (and 16-byte aligned).
 __host__ __device__ inline int64_t SliceLength(int64_t n, int cluster_size) {
@@ -50,27 +56,19 @@ __host__ __device__ inline int64_t SliceLength(int64_t n, int cluster_size) {
   return (per_cta + kPageTokens - 1) / kPageTokens * kPageTokens;
 }
 
-// Keys [base, base + 16) of the slice into registers; 0 (not a candidate) past the slice's end.
-__device__ __forceinline__ void LoadRun(const uint32_t* slice_keys, uint32_t base, uint32_t m,
-                                        uint32_t (&k)[kKeysPerThread]) {
-  if (base + kKeysPerThread <= m) {
-#pragma unroll
-    for (int v = 0; v < kKeysPerThread / 4; ++v) {
-      const uint4 q = __ldcg(reinterpret_cast<const uint4*>(slice_keys + base) + v);  // L2 only: written by kernel 1
-      k[4 * v] = q.x;
-      k[4 * v + 1] = q.y;
-      k[4 * v + 2] = q.z;
-      k[4 * v + 3] = q.w;
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kKeysPerThread; ++j) k[j] = base + j < m ? __ldcg(slice_keys + base + j) : kNotCandidate;
-  }
-}
+// Emit works on chunks of up to 16 tiles (32K keys, a whole staged slice): the (tile, warp)
+// counts of a chunk fit one table entry per thread, and each half of a packed count stays below
+// 2^16.
+constexpr uint32_t kChunkTiles = 16;
+static_assert(kChunkTiles % kBatchTiles == 0, "a batch never spans two chunks");
+static_assert(kChunkTiles * kSelectWarps <= kSelectThreads, "one table entry per thread");
+static_assert(kChunkTiles * kTileKeys < 65536, "packed (greater, equal) counts of a chunk");
 
-__global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const SelectParams p) {
-  extern __shared__ __align__(16) uint8_t select_smem_raw[];
+__global__ void
+ __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const SelectParams p) {
+  extern __shared__ __align__(128) uint8_t select_smem_raw[];
   SelectSmem& smem = *reinterpret_cast<SelectSmem*>(select_smem_raw);
+  uint32_t* staged_keys = reinterpret_cast<uint32_t*>(select_smem_raw + StagedKeysOffset());
   auto& s = smem.select;
   const int cluster_size = static_cast<int>(cg::this_cluster().num_blocks());
   const int cluster_rank = static_cast<int>(cg::this_cluster().block_rank());
@@ -78,77 +76,104 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   const int tid = threadIdx.x;
   const uint32_t topk = static_cast<uint32_t>(p.topk);
 
-  ResetClusterSelect<kSelectThreads>(s);
+  ResetClusterSelect(s);
   const int64_t n = ClampedLength(p.seq_lens, row, p.max_pages);  // inputs: readable before the wait
   const int64_t slice = SliceLength(n, cluster_size);
   const int64_t begin = min(n, cluster_rank * slice);
   const uint32_t m = static_cast<uint32_t>(min(n, begin + slice) - begin);
-  const uint32_t tiles = (m + kTileKeys - 1) / kTileKeys;
+  const bool staged = m <= p.staged_capacity;
   const uint32_t* slice_keys = p.keys + row * p.row_stride + begin;
   const int32_t* table = p.block_table + row * p.max_pages + begin / kPageTokens;
-  if (tiles == 1) {
+  if (staged) {
+#pragma unroll 1
     for (uint32_t i = tid; i < (m + kPageTokens - 1) / kPageTokens; i += kSelectThreads) smem.slice_pages[i] = table[i];
+    if (tid == 0) {
+      MbarInit(&smem.keys_landed, 1);
+      FenceBarrierInit();
+    }
   }
+  __syncthreads();  // the barrier's init, slice_pages and the histogram's reset
   WaitForPrecedingGrid();  // kernel 1's keys
 
-  uint32_t k[kKeysPerThread];
-  const uint32_t run = tid * kKeysPerThread;  // this thread's first position inside a tile
-  if (tiles == 1) LoadRun(slice_keys, run, m, k);
-  // f(first position of the run, keys of the run) for each tile this thread owns a run of.
-  // Longer slices reuse the same registers tile after tile.
-  auto for_each_run = [&](auto&& f) {
-    if (tiles == 1) {
-      f(run, k);
-    } else {
-      for (uint32_t t = 0; t < tiles; ++t) {
-        LoadRun(slice_keys, t * kTileKeys + run, m, k);
-        f(t * kTileKeys + run, k);
-      }
+  if (staged && m > 0) {
+    // Whole 16-byte units: up to 3 keys past the slice, inside the row's last page of the
+    // workspace (masked by the passes).
+    if (tid == 0) {
+      const uint32_t bytes = (m + 3) / 4 * 16;
+      MbarArriveExpectTx(&smem.keys_landed, bytes);
+      BulkLoad(staged_keys, slice_keys, bytes, &smem.keys_landed);
     }
-  };
-  auto for_each_key = [&](auto&& f) {
-    for_each_run([&](uint32_t, const uint32_t(&keys)[kKeysPerThread]) {
-#pragma unroll
-      for (int j = 0; j < kKeysPerThread; ++j) f(keys[j]);
-    });
-  };
+    MbarWait(&smem.keys_landed, 0);
+  }
+  const KeySpan keys{staged ? staged_keys : nullptr, slice_keys, m};
+  const uint32_t tiles = Tiles(keys);
 
   Threshold th = kTakeAll;
   if (n > int64_t(topk)) {  // otherwise every valid token wins: no statistics needed
-    SliceStats stats = EmptyStats();
-    for_each_key([&](uint32_t key) { AccumulateStats(stats, key); });
-    const SliceStats row_stats = RowStats<kSelectThreads>(s, stats, cluster_size);
-    th = ClusterThreshold<kSelectThreads>(s, topk, row_stats, cluster_size, for_each_key);
-  } else {
-    __syncthreads();  // slice_pages complete
+    const SliceStats row_stats = RowStats(s, keys, cluster_size);
+    th = ClusterThreshold(s, keys, topk, row_stats, cluster_size);
   }
 
   // ---- emit: winners by ascending position --------------------------------------------------
-  using Scan = cub::BlockScan<unsigned long long, kSelectThreads>;
-  auto counts = [&](const uint32_t(&keys)[kKeysPerThread]) {
-    uint32_t greater = 0, equal = 0;
-#pragma unroll
-    for (int j = 0; j < kKeysPerThread; ++j) {
-      greater += Wins(keys[j], th);
-      equal += Ties(keys[j], th);
-    }
-    return (static_cast<unsigned long long>(greater) << 32) | equal;
+  // (greater-than-T, equal-to-T) counts of a quad, packed in one word.
+  auto counts = [&](const uint4& q) {
+    auto one = [&](uint32_t key) { return (uint32_t(Wins(key, th)) << 16) + uint32_t(Ties(key, th)); };
+    return one(q.x) + one(q.y) + one(q.z) + one(q.w);
   };
-  // Pass 1 (a no-op re-read for one-tile slices): this CTA's totals, then the lower CTAs' totals.
-  unsigned long long before_in_tile = 0, cta_total = 0;
-  for_each_run([&](uint32_t, const uint32_t(&keys)[kKeysPerThread]) {
-    unsigned long long tile_total;
-    Scan(s.scan64).ExclusiveSum(counts(keys), before_in_tile, tile_total);
+  // The (tile, warp) counts of a chunk and their exclusive prefix, in chunk_offsets; returns the
+  // chunk's total. Ends with a barrier.
+  const int warp = tid / 32, lane = tid % 32;
+  auto chunk_table = [&](uint32_t chunk) {
+    const uint32_t chunk_tiles = min(kChunkTiles, tiles - chunk);
+#pragma unroll 1
+    for (uint32_t t = 0; t < chunk_tiles; t += kBatchTiles) {
+      uint32_t x[kBatchTiles];
+#pragma unroll
+      for (uint32_t u = 0; u < kBatchTiles; ++u) x[u] = counts(LoadQuad(keys, QuadPosition(chunk + t + u)));
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) {
+#pragma unroll
+        for (uint32_t u = 0; u < kBatchTiles; ++u) x[u] += __shfl_xor_sync(0xFFFFFFFFu, x[u], o);
+      }
+#pragma unroll
+      for (uint32_t u = 0; u < kBatchTiles; ++u) {
+        if (lane == 0 && t + u < chunk_tiles) s.chunk_offsets[(t + u) * kSelectWarps + warp] = x[u];
+      }
+    }
     __syncthreads();
-    cta_total += tile_total;
-  });
+    uint32_t chunk_total;
+    const uint32_t offset =
+        BlockExclusiveSum(s, tid < chunk_tiles * kSelectWarps ? s.chunk_offsets[tid] : 0u, chunk_total);
+    s.chunk_offsets[tid] = offset;  // each thread its own entry: read above by this thread only
+    __syncthreads();
+    return chunk_total;
+  };
+  // Pass 1: this CTA's totals (a slice of one chunk: its table, kept for the emit), then the lower
+  // CTAs' totals.
+  const bool one_chunk = tiles <= kChunkTiles;
+  uint32_t first_chunk_total = 0;
+  unsigned long long cta_total;  // (greater << 32) | equal
+  if (one_chunk) {
+    first_chunk_total = chunk_table(0);
+    cta_total = (static_cast<unsigned long long>(first_chunk_total >> 16) << 32) | (first_chunk_total & 0xFFFFu);
+  } else {
+    unsigned long long mine = 0;
+    ForEachQuad(keys, [&](uint32_t, const uint4& q) {
+      const uint32_t x = counts(q);
+      mine += (static_cast<unsigned long long>(x >> 16) << 32) | (x & 0xFFFFu);
+    });
+    cta_total = BlockSum64(s, mine);
+  }
   unsigned long long lower = 0, row_total = cta_total;  // neither half overflows: both count one row
   if (cluster_size > 1) {
     if (tid == 0) s.emit_totals = cta_total;
     ClusterBarrier();
+    if (tid < cluster_size) s.rank_totals[tid] = *AtRank(&s.emit_totals, tid);
+    __syncthreads();
     row_total = 0;
+#pragma unroll 1
     for (int r = 0; r < cluster_size; ++r) {
-      const unsigned long long t = *AtRank(&s.emit_totals, r);
+      const unsigned long long t = s.rank_totals[r];
       if (r < cluster_rank) lower += t;
       row_total += t;
     }
@@ -160,43 +185,63 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
 
   int32_t* out = p.topk_indices + row * p.topk;
   unsigned long long* words = cluster_size > 1 ? AtRank(s.sorting.words, 0) : s.sorting.words;
-  auto token_id = [&](uint32_t i) {  // global id of the slice's i-th token (slices start on a page)
-    return GlobalTokenId(tiles == 1 ? smem.slice_pages : table, i);
-  };
-  // Pass 2: every winner's slot = winners before it in the row (ties: only the first th.ties).
-  unsigned long long carry = lower;
-  for_each_run([&](uint32_t first, const uint32_t(&keys)[kKeysPerThread]) {
-    unsigned long long before = before_in_tile, tile_total = 0;
-    if (tiles != 1) {
-      Scan(s.scan64).ExclusiveSum(counts(keys), before, tile_total);
-      __syncthreads();
-    }
-    before += carry;
-    carry += tile_total;
-    uint32_t greater = static_cast<uint32_t>(before >> 32);  // winners above T before this key
-    uint32_t equal = static_cast<uint32_t>(before);           // keys equal to T before this key
-    auto emit = [&](uint32_t slot, uint32_t j, uint32_t key) {
-      if (slot >= topk) return;
-      if (!p.sorted) {
-        out[slot] = token_id(first + j);
-      } else {
-        words[slot] = RankWord(key, static_cast<uint32_t>(begin + first + j));
-      }
-    };
+  const int32_t* pages = staged ? smem.slice_pages : table;  // the slice's page ids
+  // Pass 2, chunk by chunk: the chunk's (tile, warp) counts and their prefix, then every winner's
+  // slot = winners before it in the row (ties: only the first th.ties).
+  uint32_t greater_carry = static_cast<uint32_t>(lower >> 32), equal_carry = static_cast<uint32_t>(lower);
+#pragma unroll 1
+  for (uint32_t chunk = 0; chunk < tiles; chunk += kChunkTiles) {
+    const uint32_t chunk_tiles = min(kChunkTiles, tiles - chunk);
+    const uint32_t chunk_total = one_chunk ? first_chunk_total : chunk_table(chunk);
+#pragma unroll 1
+    for (uint32_t t = 0; t < chunk_tiles; t += kBatchTiles) {
+      uint4 q[kBatchTiles];
+      uint32_t x[kBatchTiles], incl[kBatchTiles];
 #pragma unroll
-    for (int j = 0; j < kKeysPerThread; ++j) {
-      const uint32_t key = keys[j];
-      if (Wins(key, th)) {
-        emit(greater + min(equal, th.ties), j, key);
-        ++greater;
-      } else if (Ties(key, th)) {
-        if (equal < th.ties) emit(greater + equal, j, key);
-        ++equal;
+      for (uint32_t u = 0; u < kBatchTiles; ++u) {
+        q[u] = LoadQuad(keys, QuadPosition(chunk + t + u));
+        incl[u] = x[u] = counts(q[u]);
+      }
+#pragma unroll
+      for (int o = 1; o < 32; o *= 2) {
+#pragma unroll
+        for (uint32_t u = 0; u < kBatchTiles; ++u) {
+          const uint32_t y = __shfl_up_sync(0xFFFFFFFFu, incl[u], o);
+          if (lane >= o) incl[u] += y;
+        }
+      }
+#pragma unroll
+      for (uint32_t u = 0; u < kBatchTiles; ++u) {
+        if (t + u >= chunk_tiles) break;  // empty quads past the chunk: nothing to emit
+        const uint32_t pos = QuadPosition(chunk + t + u);
+        const uint32_t before = s.chunk_offsets[(t + u) * kSelectWarps + warp] + incl[u] - x[u];
+        uint32_t greater = greater_carry + (before >> 16);  // winners above T before this key
+        uint32_t equal = equal_carry + (before & 0xFFFFu);  // keys equal to T before this key
+        const uint32_t quad[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t key = quad[i];
+          const bool wins = Wins(key, th), ties = Ties(key, th);
+          const uint32_t slot = wins ? greater + min(equal, th.ties) : greater + equal;
+          if ((wins || (ties && equal < th.ties)) && slot < topk) {
+            if (!p.sorted) {
+              out[slot] = GlobalTokenId(pages, pos + i);
+            } else {
+              words[slot] = RankWord(key, static_cast<uint32_t>(begin + pos + i));
+            }
+          }
+          greater += wins;
+          equal += ties;
+        }
       }
     }
-  });
+    greater_carry += chunk_total >> 16;
+    equal_carry += chunk_total & 0xFFFFu;
+    __syncthreads();  // chunk_offsets is rewritten by the next chunk
+  }
 
   if (!p.sorted) {
+#pragma unroll 1
     for (uint32_t i = selected + cluster_rank * kSelectThreads + tid; i < topk; i += cluster_size * kSelectThreads) {
       out[i] = -1;
     }
@@ -204,8 +249,9 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   } else {
     if (cluster_size > 1) ClusterBarrier();  // every CTA's winners are in rank 0's buffer
     if (cluster_rank == 0) {
-      SortSelectedDescending<kSelectThreads>(s.sorting, selected);
+      SortSelectedDescending(s.sorting, selected);
       const int32_t* row_table = p.block_table + row * p.max_pages;
+#pragma unroll 1
       for (uint32_t i = tid; i < topk; i += kSelectThreads) {
         out[i] = i < selected ? GlobalTokenId(row_table, RankWordPosition(s.sorting.words[i])) : -1;
       }
