@@ -4,7 +4,8 @@ synccheck, initcheck): every code path of the kernel once, at sizes the tools ge
     compute-sanitizer --tool memcheck python3 benchmarks/sanitize_cases.py [--device cuda]
     python benchmarks/sanitize_cases.py --device cpu      (the same cases on the CPU path)
 
-Cases: lengths 0, 1, 2047, 2048, 2049 (around K), a long row (~20K tokens: many scoring CTAs, a 3-CTA select cluster), invalid
+Cases: lengths 0, 1, 2047, 2048, 2049 (around K), a long row (~20K tokens: many scoring CTAs, a 3-CTA select cluster),
+a 128K row (a 16-CTA select cluster), every score equal (the radix select over a cluster), invalid
 page ids (negative and >= num_pages) inside the used range, a negative and a too-long seq_len,
 sorted=True, and B=0. Each output is poisoned first and checked with ffi_dsa.check_topk.
 Run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that memcheck sees exact allocation bounds.
@@ -24,6 +25,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ffi_dsa  # noqa: E402
+from ffi_dsa.kv_cache import HEAD_DIM, PAGE_TOKENS  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
 
 TOPK = 2048
@@ -33,6 +35,13 @@ def cases():
     yield "lengths 0,1,2047,2048,2049", make_batch([0, 1, 2047, 2048, 2049], seed=11), False
     yield "long row ~20K (multi-CTA scoring, select cluster) + short", make_batch([20000, 3000], seed=12), False
     yield "sorted=True", make_batch([2049, 5000, 100, 0], seed=13), True
+    yield "128K row (16-CTA select cluster) + short", make_batch([131072, 3000], seed=16), False
+
+    flat = make_batch([20000, 3000], seed=17)  # every score equal: the radix select, over a cluster
+    pages = flat.k_cache.view(np.uint8).reshape(flat.k_cache.shape[0], -1)
+    pages[:, : PAGE_TOKENS * HEAD_DIM] = 0x38  # e4m3 1.0
+    pages[:, PAGE_TOKENS * HEAD_DIM :].view("<f4")[:] = 1.0
+    yield "all scores equal (radix select in a cluster)", flat, False
 
     bad = make_batch([4096, 4096, 1000, 700], seed=14, max_pages=80)
     num_pages = bad.k_cache.shape[0]

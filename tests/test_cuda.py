@@ -56,10 +56,10 @@ def test_batch_of_256_rows_exact():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
-@pytest.mark.parametrize("lens", [[131072, 9000, 3], [300_000, 70_000, 0]], ids=["128K", "300K"])
+@pytest.mark.parametrize("lens", [[131072, 9000, 3], [600_000, 70_000, 0]], ids=["128K", "600K"])
 def test_long_rows_exact_ties_across_ctas(lens, sorted_):
-    """Rows shared by many scoring CTAs and selected by a cluster of CTAs (the 300K row by slices of
-    37.5K keys, too long for shared memory: read from L2 in several emit chunks): with many exact
+    """Rows shared by many scoring CTAs and selected by a cluster of CTAs (the 600K row by 16 slices
+    of 37.5K keys, too long for shared memory: read from L2 in several emit chunks): with many exact
     ties, the tie rule must hold across every boundary."""
     batch = make_exact_batch(lens, seed=110, q_values=(0, 1), k_values=(0, 1), w_values=(1,), active_dims=4)
     assert_exact(run_dps(batch.to_torch("cuda"), sorted=sorted_), batch, sorted=sorted_)

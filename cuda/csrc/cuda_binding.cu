@@ -54,6 +54,8 @@ const DeviceInfo& GetDeviceInfo(int device) {
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
       TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(sm90::SelectRowsKernel,
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+      TVM_FFI_CHECK_CUDA_ERROR(
+          cudaFuncSetAttribute(sm90::SelectRowsKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     }
     infos[device] = info;
   });

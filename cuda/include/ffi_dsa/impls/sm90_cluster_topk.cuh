@@ -1,7 +1,7 @@
 // Exact top-K of one row's rank keys (rank_key.h), computed by a thread-block cluster: each CTA
 // holds a contiguous slice of the row and the CTAs exchange counts through distributed shared
 // memory (DSMEM), so a long row is selected by several SMs without another kernel or a round trip
-// through global memory (up to 8 SMs). A cluster of one CTA is the plain block-wide case.
+// through global memory (up to 16 SMs). A cluster of one CTA is the plain block-wide case.
 //
 // Every pass reads its keys from a KeySpan (a CTA's slice staged in shared memory, the slice
 // walked from L2 when it is too long to stage, or the gathered keys of one bucket) through one
@@ -62,8 +62,8 @@ constexpr int kBins = 1 << kDigitBits;
 constexpr int kBuckets = 2048;
 constexpr int kGroupBuckets = 32;  // the histogram is exchanged coarse (groups of 32) then fine
 constexpr int kGroups = kBuckets / kGroupBuckets;
-// Largest cluster the exchanges are written for (portable cluster size).
-constexpr int kMaxClusterRanks = 8;
+// Largest cluster the exchanges are written for (H100's non-portable maximum).
+constexpr int kMaxClusterRanks = 16;
 constexpr int kGatherCapacity = 2048;
 constexpr int kRankAllPairsMax = 256;  // gathered keys ranked by all-pairs counting up to this
 constexpr int kSelectWarps = kSelectThreads / 32;

@@ -2,7 +2,7 @@
 // the workspace (L2-resident right after it). One cluster of `cluster_size` CTAs per row
 // (sm90_cluster_topk.cuh); CTA r of the cluster owns the r-th slice of the row (whole pages).
 // A slice of up to `staged_capacity` keys is copied once into shared memory by one bulk copy
-// and every pass reads it there; longer slices (rows of more than 8 x 32K tokens) are walked
+// and every pass reads it there; longer slices (rows of more than 16 x 32K tokens) are walked
 // from L2 on every pass. Launched with programmatic stream serialization: its CTAs are placed
 // while kernel 1 runs, read their inputs (lengths, page ids) and then wait for kernel 1's keys.
 #pragma once
@@ -31,11 +31,11 @@ struct SelectParams {
 // Keys one CTA selects alone; a longer row gets a cluster of ceil(n / kSliceKeys) CTAs (W1's 8K
 // row on a cluster of 4 measured 2x the threshold time of one CTA: barriers and DSMEM reads).
 constexpr int kSliceKeys = 8192;
-// Portable cluster size. 16 (H100's non-portable maximum) was measured slower on a 128K row
-// (56 vs 50 us): barrier and DSMEM costs grow with the cluster more than the second tile costs.
-constexpr int kMaxSelectCluster = 8;
+// Up to 16 CTAs per row (H100's non-portable maximum): a 128K row on 16 x 8K-key slices. (v9b
+// measured 16 slower than 8, when every thread read every other CTA's histogram over DSMEM.)
+constexpr int kMaxSelectCluster = 16;
 static_assert(kMaxSelectCluster <= kMaxClusterRanks, "the cluster exchanges");
-// Keys one CTA stages in shared memory (128 KB): a 256K-token row over a cluster of 8.
+// Keys one CTA stages in shared memory (128 KB): a 512K-token row over a cluster of 16.
 constexpr uint32_t kMaxStagedKeys = 32768;
 constexpr int kMaxStagedPages = kMaxStagedKeys / kPageTokens;
 
@@ -64,8 +64,7 @@ static_assert(kChunkTiles % kBatchTiles == 0, "a batch never spans two chunks");
 static_assert(kChunkTiles * kSelectWarps <= kSelectThreads, "one table entry per thread");
 static_assert(kChunkTiles * kTileKeys < 65536, "packed (greater, equal) counts of a chunk");
 
-__global__ void
- __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const SelectParams p) {
+__global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const SelectParams p) {
   extern __shared__ __align__(128) uint8_t select_smem_raw[];
   SelectSmem& smem = *reinterpret_cast<SelectSmem*>(select_smem_raw);
   uint32_t* staged_keys = reinterpret_cast<uint32_t*>(select_smem_raw + StagedKeysOffset());
