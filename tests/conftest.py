@@ -87,18 +87,24 @@ def assert_valid_topk(out, batch_or_args, *, sorted=False):
     assert problems == [], "\n".join(problems[:10])
 
 
-def call_result(batch: Batch, topk=DEFAULT_K, *, sorted=False) -> np.ndarray:
-    """``ffi_dsa.call`` on the batch's numpy inputs, into a poisoned buffer: the bytes every other
-    caller (torch op, JAX, TVM) must reproduce."""
-    out = poisoned_np((len(batch.seq_lens), topk))
-    ffi_dsa.call(*batch.args(), out, sorted=sorted)
-    return out
+def call_result(batch: Batch, topk=DEFAULT_K, *, sorted=False, device="cpu") -> np.ndarray:
+    """``ffi_dsa.call`` on the batch's inputs on `device` ("cpu": numpy, "cuda": torch tensors), into a
+    poisoned buffer: the bytes every other caller (torch op, JAX, TVM) must reproduce on that device.
+    Across devices SPEC promises only the tolerance rule (FP8 tensor cores add differently)."""
+    if device == "cpu":
+        out = poisoned_np((len(batch.seq_lens), topk))
+        ffi_dsa.call(*batch.args(), out, sorted=sorted)
+        return out
+    out = poisoned((len(batch.seq_lens), topk), device)
+    ffi_dsa.call(*batch.to_torch(device), out, sorted=sorted)
+    return out.cpu().numpy()
 
 
-def assert_same_as_call(got: np.ndarray, batch: Batch, topk=DEFAULT_K, *, sorted=False) -> None:
-    """A caller's host result equals ``call_result`` byte for byte and is a valid top-K."""
+def assert_same_as_call(got: np.ndarray, batch: Batch, topk=DEFAULT_K, *, sorted=False, device="cpu") -> None:
+    """A caller's host copy of its result on `device` equals ``call_result`` on the same device byte
+    for byte and is a valid top-K."""
     assert got.dtype == np.int32
-    np.testing.assert_array_equal(got, call_result(batch, topk, sorted=sorted))
+    np.testing.assert_array_equal(got, call_result(batch, topk, sorted=sorted, device=device))
     assert ffi_dsa.check_topk(got, *batch.args(), sorted=sorted) == []
 
 

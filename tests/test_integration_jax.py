@@ -49,8 +49,13 @@ def on(platform, batch, q_dtype=jnp.float8_e4m3fn):
     return [jax.device_put(a, device) for a in (q, *map(jnp.asarray, batch.args()[1:]))]
 
 
+def torch_device(platform: str) -> str:
+    return "cpu" if platform == "cpu" else "cuda"
+
+
 def assert_same(got, batch, topk=K, sorted=False):
-    assert_same_as_call(np.asarray(got), batch, topk, sorted=sorted)
+    platform = next(iter(got.devices())).platform
+    assert_same_as_call(np.asarray(got), batch, topk, sorted=sorted, device=torch_device(platform))
 
 
 @pytest.mark.parametrize("sorted_", [False, True])
@@ -102,11 +107,12 @@ def test_vmap_with_shared_cache_folds_into_the_batch(platform):
     assert "while[" not in jaxpr and "scan[" not in jaxpr
     got = np.asarray(fn(qs, ws, ss, bts))
     assert got.shape == (2, 4, K)
-    np.testing.assert_array_equal(got[0], call_result(a, K))
-    np.testing.assert_array_equal(got[1], call_result(a, K)[::-1])
+    want = call_result(a, K, device=torch_device(platform))
+    np.testing.assert_array_equal(got[0], want)
+    np.testing.assert_array_equal(got[1], want[::-1])
     # only q batched; others broadcast
     got_q = np.asarray(jax.vmap(lambda q_: jax_ffi.topk_indexer(q_, k, w, s, bt, topk=K))(qs))
-    np.testing.assert_array_equal(got_q[0], call_result(a, K))
+    np.testing.assert_array_equal(got_q[0], want)
 
 
 def test_vmap_with_batched_cache_runs_each_element(platform):
@@ -115,8 +121,8 @@ def test_vmap_with_batched_cache_runs_each_element(platform):
     fn = jax.jit(jax.vmap(lambda *x: jax_ffi.topk_indexer(*x, topk=K)))
     assert "i32[4,16] = ffi_call" in str(jax.make_jaxpr(fn)(*stacked))  # per element, in a loop
     got = np.asarray(fn(*stacked))
-    np.testing.assert_array_equal(got[0], call_result(a, K))
-    np.testing.assert_array_equal(got[1], call_result(b, K))
+    np.testing.assert_array_equal(got[0], call_result(a, K, device=torch_device(platform)))
+    np.testing.assert_array_equal(got[1], call_result(b, K, device=torch_device(platform)))
 
 
 def test_empty_batch(platform):

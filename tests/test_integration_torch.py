@@ -33,7 +33,7 @@ def batch_on(lens, device, seed=0, spare_pages=4):
 
 
 def assert_same(got, batch, topk=K, sorted=False):
-    assert_same_as_call(got.cpu().numpy(), batch, topk, sorted=sorted)
+    assert_same_as_call(got.cpu().numpy(), batch, topk, sorted=sorted, device=got.device.type)
 
 
 def test_import_ffi_dsa_registers_the_ops():

@@ -28,8 +28,8 @@ K = 16
 LENS = [150, 3, 0, 300]
 
 
-def assert_same(got, batch, topk=K, sorted=False):
-    assert_same_as_call(got if isinstance(got, np.ndarray) else got.numpy(), batch, topk, sorted=sorted)
+def assert_same(got, batch, topk=K, sorted=False, device="cpu"):
+    assert_same_as_call(got if isinstance(got, np.ndarray) else got.numpy(), batch, topk, sorted=sorted, device=device)
 
 
 @pytest.mark.parametrize("sorted_", [False, True])
@@ -62,7 +62,7 @@ def test_global_func_on_cuda_tensors():
     out = torch.full((4, K), SENTINEL, dtype=torch.int32, device="cuda")
     tvm_ffi.get_global_func(tvm_relax.GLOBAL_NAME)(*batch.to_torch("cuda"), out)
     torch.cuda.synchronize()
-    assert_same(out.cpu().numpy(), batch)
+    assert_same(out.cpu().numpy(), batch, device="cuda")
 
 
 def _tvm_args(batch, device, q_fp8=True):
@@ -87,7 +87,7 @@ def test_relax_call_dps_packed(device_name, sorted_):
         for q_fp8 in (True, False):
             got = vm["main"](*_tvm_args(batch, device, q_fp8))
             assert tuple(got.shape) == (len(lens), K)
-            assert_same(got.numpy(), batch, sorted=sorted_)
+            assert_same(got.numpy(), batch, sorted=sorted_, device=device_name)
 
 
 @needs_tvm
