@@ -156,10 +156,10 @@ struct ClusterSelectStorage {
   uint32_t gathered_count;
   uint32_t bin_local[2][kBins];  // by pass parity: a pass never overwrites what a slower CTA still reads
   unsigned long long emit_totals;  // (greater, equal) counts of this CTA's slice
+  // Local:
   uint32_t warp_sums[kSelectWarps];
   unsigned long long warp_sums64[kSelectWarps];
   uint32_t chunk_offsets[kSelectThreads];  // emit: exclusive prefix of (tile, warp) counts
-  // Local:
   SliceStats row_stats;
   uint32_t rank_counts[kMaxClusterRanks];
   unsigned long long rank_totals[kMaxClusterRanks];
@@ -180,6 +180,14 @@ __device__ __forceinline__ void ClusterBarrier() { cg::this_cluster().sync(); }
 // A cluster barrier for clusters, a block barrier for one CTA.
 __device__ __forceinline__ void RowBarrier(int cluster_size) {
   if (cluster_size > 1) ClusterBarrier(); else __syncthreads();
+}
+
+// Sum over the warp (every lane gets it).
+template <typename T>
+__device__ __forceinline__ T WarpSum(T x) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, o);
+  return x;
 }
 
 __device__ __forceinline__ uint32_t WarpInclusiveSum(uint32_t x) {
@@ -208,8 +216,7 @@ __device__ __noinline__ uint32_t BlockExclusiveSum(ClusterSelectStorage& s, uint
 
 // Sum over the CTA (every thread gets it). Ends with a barrier.
 __device__ __forceinline__ unsigned long long BlockSum64(ClusterSelectStorage& s, unsigned long long x) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, o);
+  x = WarpSum(x);
   if (threadIdx.x % 32 == 0) s.warp_sums64[threadIdx.x / 32] = x;
   __syncthreads();
   unsigned long long total = 0;
@@ -314,8 +321,7 @@ __device__ __noinline__ Threshold RadixThreshold(ClusterSelectStorage& s, const 
     if (warp < kBins) {
       uint32_t total = 0;
       for (int w = lane; w < kSelectWarps; w += 32) total += s.warp_bins[w][warp];
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xFFFFFFFFu, total, offset);
+      total = WarpSum(total);
       if (lane == 0) s.bin_local[pass & 1][warp] = total;
     }
     RowBarrier(cluster_size);
@@ -399,9 +405,7 @@ __device__ bool BucketThreshold(ClusterSelectStorage& s, const KeySpan& slice, u
     // thread reading 4 buckets of every CTA measured 16-20K cycles for a cluster of 8).
     const int warp = tid / 32, lane = tid % 32;
     for (int g = warp; g < kGroups; g += kSelectWarps) {
-      uint32_t c = s.hist[g * kGroupBuckets + lane];
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) c += __shfl_xor_sync(0xFFFFFFFFu, c, o);
+      const uint32_t c = WarpSum(s.hist[g * kGroupBuckets + lane]);
       if (lane == 0) s.group_hist[g] = c;
     }
     ClusterBarrier();

@@ -129,6 +129,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
       uint32_t x[kBatchTiles];
 #pragma unroll
       for (uint32_t u = 0; u < kBatchTiles; ++u) x[u] = counts(LoadQuad(keys, QuadPosition(chunk + t + u)));
+      // WarpSum of each x[u], the batch's shuffles interleaved (as in the scan below)
 #pragma unroll
       for (int o = 16; o > 0; o /= 2) {
 #pragma unroll
@@ -201,6 +202,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
         q[u] = LoadQuad(keys, QuadPosition(chunk + t + u));
         incl[u] = x[u] = counts(q[u]);
       }
+      // WarpInclusiveSum of each incl[u], interleaved over the batch
 #pragma unroll
       for (int o = 1; o < 32; o *= 2) {
 #pragma unroll
