@@ -25,7 +25,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ffi_dsa  # noqa: E402
-from ffi_dsa.kv_cache import HEAD_DIM, PAGE_TOKENS  # noqa: E402
+from ffi_dsa.kv_cache import HEAD_DIM, PAGE_TOKENS, pack_k_cache  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
 
 TOPK = 2048
@@ -38,9 +38,7 @@ def cases():
     yield "128K row (16-CTA select cluster) + short", make_batch([131072, 3000], seed=16), False
 
     flat = make_batch([20000, 3000], seed=17)  # every score equal: the radix select, over a cluster
-    pages = flat.k_cache.view(np.uint8).reshape(flat.k_cache.shape[0], -1)
-    pages[:, : PAGE_TOKENS * HEAD_DIM] = 0x38  # e4m3 1.0
-    pages[:, PAGE_TOKENS * HEAD_DIM :].view("<f4")[:] = 1.0
+    flat.k_cache[:] = pack_k_cache(np.ones((flat.k_cache.shape[0], PAGE_TOKENS, HEAD_DIM), np.float32))
     yield "all scores equal (radix select in a cluster)", flat, False
 
     bad = make_batch([4096, 4096, 1000, 700], seed=14, max_pages=80)
