@@ -7,7 +7,7 @@ synccheck, initcheck): every code path of the kernel once, at sizes the tools ge
 Cases: lengths 0, 1, 2047, 2048, 2049 (around K), a long row (~20K tokens: many scoring CTAs, a 3-CTA select cluster),
 a 128K row (a 16-CTA select cluster), every score equal (the radix select over a cluster), invalid
 page ids (negative and >= num_pages) inside the used range, a negative and a too-long seq_len,
-sorted=True, and B=0. Each output is poisoned first and checked with ffi_dsa.check_topk.
+sorted=True, rows of at most K tokens only (the one-kernel path), and B=0. Each output is poisoned first and checked with ffi_dsa.check_topk.
 Run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that memcheck sees exact allocation bounds.
 Exit code 1 when a check fails.
 """
@@ -49,6 +49,10 @@ def cases():
     bad.seq_lens[2] = -3                       # negative length: counts as 0
     bad.seq_lens[3] = 80 * 64 + 999            # longer than the table: cut to 80 pages (unlisted pages are -1)
     yield "invalid pages, negative and too-long seq_lens", bad, False
+
+    short = make_batch([0, 1, 700, 2047, 2048], seed=18)  # no row over K: one kernel, no scores
+    short.block_table[2, 4] = -2
+    yield "rows <= K only (position order: the select kernel alone)", short, False
 
     yield "B=0", make_batch(np.zeros(0, np.int32), seed=15), False
 

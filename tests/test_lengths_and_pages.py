@@ -188,6 +188,34 @@ def test_invalid_page_tokens_lose_even_to_the_worst_scores(device):
     assert_exact(out, batch, sorted=True)
 
 
+@pytest.mark.parametrize("shape", ["table_fits_k", "wide_table", "with_long_rows"])
+def test_rows_of_at_most_k_tokens_are_every_valid_token_in_position_order(device, shape):
+    """seq_lens[b] <= K: every token on a valid page is chosen whatever its score (NaN scores, invalid
+    pages in the middle of the row, exact ties), by ascending position, then -1. (The CUDA path writes
+    such rows without scoring them; "table_fits_k" takes its one-kernel path, "wide_table" a block
+    table wider than K tokens, "with_long_rows" the same rows next to rows that need a selection.)"""
+    k = DEFAULT_K
+    lens = [0, 1, 63, 64, 65, 1000, k - 1, k, 700]
+    if shape == "with_long_rows":
+        lens += [k + 1, 5000]
+    batch = make_batch(lens, seed=56, spare_pages=3, max_pages=200 if shape == "wide_table" else None)
+    num_pages = batch.k_cache.shape[0]
+    batch.block_table[5, 3] = -5                     # an invalid page inside a row
+    batch.block_table[6, 0] = num_pages              # the first page out of range
+    batch.block_table[7, 31] = -1                    # the last page of a row of exactly K tokens
+    batch.weights[4, 7] = np.nan                     # every score of row 4 is NaN
+    batch.weights[8] = 0.0                           # every score of row 8 is 0: all tie
+    out = run_dps(batch.to_torch(device), topk=k)
+    for b, n in enumerate(lens[:9]):
+        expected = [token_id(batch, b, t) for t in range(n) if 0 <= batch.block_table[b, t // 64] < num_pages]
+        assert out[b].tolist() == expected + [-1] * (k - len(expected)), f"row {b}"
+    assert_valid_topk(out, batch)
+    sorted_out = run_dps(batch.to_torch(device), topk=k, sorted=True)
+    assert_valid_topk(sorted_out, batch, sorted=True)
+    for b in range(9):
+        assert sorted(sorted_out[b].tolist()) == sorted(out[b].tolist()), f"row {b}: same tokens when sorted"
+
+
 def test_row_with_only_invalid_pages_is_all_minus_one(device):
     batch = make_exact_batch([200, 200], seed=53)
     batch.block_table[1, :] = -3

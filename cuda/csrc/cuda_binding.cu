@@ -25,7 +25,33 @@ namespace sm90 = ffi_dsa::sm90;
 struct DeviceInfo {
   int sm_count = 0, major = 0, minor = 0;
   size_t max_smem_optin = 0;
+  int max_select_cluster = 1;  // largest select cluster that fits on this device (at most 16)
 };
+
+// Largest cluster size <= kMaxSelectCluster for which the select kernel, at its largest shared
+// memory, can be resident: a 16-CTA cluster needs 16 free SMs in one GPC, which the H100 SXM has
+// but a part with fewer SMs per GPC may not (its launch would fail).
+int LargestSelectCluster() {
+  for (int size = sm90::kMaxSelectCluster; size > 1; size /= 2) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(size));
+    config.blockDim = dim3(sm90::kSelectThreads);
+    config.dynamicSmemBytes = sm90::SelectSmemBytes(sm90::kMaxStagedKeys);
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(size);
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, sm90::SelectRowsKernel, &config) == cudaSuccess && clusters > 0) {
+      return size;
+    }
+    (void)cudaGetLastError();  // a refused size is an answer, not a sticky error
+  }
+  return 1;
+}
 
 // Device facts and kernel attributes, set once per device (not per call: keeps the launch path
 // free of driver queries, and capture-safe).
@@ -56,6 +82,7 @@ const DeviceInfo& GetDeviceInfo(int device) {
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
       TVM_FFI_CHECK_CUDA_ERROR(
           cudaFuncSetAttribute(sm90::SelectRowsKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      info.max_select_cluster = LargestSelectCluster();
     }
     infos[device] = info;
   });
@@ -155,12 +182,17 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
   }
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device));
 
-  const sm90::Schedule plan = sm90::PlanSchedule(a.batch, a.max_pages, info.sm_count, sm90::kSliceKeys, sm90::kMaxSelectCluster);
+  const sm90::Schedule plan = sm90::PlanSchedule(a.batch, a.max_pages, info.sm_count, sm90::kSliceKeys,
+                                                 info.max_select_cluster);
   const int64_t row_stride = a.max_pages * ffi_dsa::kPageTokens;
-  Workspace workspace(AlignUp(a.batch * row_stride * sizeof(uint32_t)), a.device, stream);
+  // Kernel 1 runs unless no row has a token, or no row can be longer than K with the output by
+  // position, so that no row needs scores (sm90_rows.cuh: ScoresNeeded): then one launch, no
+  // workspace.
+  const bool score = a.max_pages > 0 && (sorted_by_score || row_stride > a.topk);
+  Workspace workspace(score ? AlignUp(a.batch * row_stride * sizeof(uint32_t)) : 0, a.device, stream);
   uint32_t* keys = reinterpret_cast<uint32_t*>(workspace.data());
 
-  if (a.max_pages > 0) {
+  if (score) {
     sm90::ScoreParams sp{};
     sp.k_cache = a.k_cache;
     sp.weights = a.weights;
@@ -171,6 +203,8 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
     sp.num_pages = a.num_pages;
     sp.batch = static_cast<int32_t>(a.batch);
     sp.max_pages = static_cast<int32_t>(a.max_pages);
+    sp.topk = static_cast<int32_t>(a.topk);
+    sp.sorted = sorted_by_score;
     const CUtensorMap k_map = KCacheTensorMap(a.k_cache, a.num_pages);
     const CUtensorMap q_map = QTensorMap(a.q, a.batch);
     sm90::ScorePagesKernel<<<static_cast<unsigned>(plan.score_ctas), sm90::kScoreThreads, sm90::ScoreSmemBytes(),
@@ -184,6 +218,7 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
   sel.block_table = a.block_table;
   sel.topk_indices = a.topk_indices;
   sel.row_stride = row_stride;
+  sel.num_pages = a.num_pages;
   sel.max_pages = static_cast<int32_t>(a.max_pages);
   sel.topk = static_cast<int32_t>(a.topk);
   sel.sorted = sorted_by_score;
@@ -192,6 +227,8 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
       sm90::kMaxStagedKeys, sm90::SliceLength(std::max<int64_t>(1, a.max_pages) * ffi_dsa::kPageTokens, plan.cluster_size)));
   // One cluster per row; programmatic stream serialization lets the select CTAs be placed while
   // the score kernel still runs (they wait for it with griddepcontrol.wait before reading keys).
+  // Not without kernel 1: the select reads seq_lens and the block table before that wait, which
+  // is only safe behind kernel 1 (the caller's previous kernel may be what writes them).
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(a.batch * plan.cluster_size));
   config.blockDim = dim3(sm90::kSelectThreads);
@@ -205,7 +242,7 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
   attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attrs;
-  config.numAttrs = 2;
+  config.numAttrs = score ? 2 : 1;
   TVM_FFI_CHECK_CUDA_ERROR(cudaLaunchKernelEx(&config, sm90::SelectRowsKernel, sel));
 }
 

@@ -131,8 +131,10 @@ __device__ __forceinline__ void ForEachKey(const KeySpan& span, F&& f) {
   });
 }
 
+// In the key domain (rank_key.h: monotone in the score), so that the warp reductions are single
+// redux.sync instructions instead of shuffle chains.
 struct SliceStats {
-  float lo, hi;  // range of the numbers (keys above kNaNKey)
+  uint32_t lo, hi;  // smallest and largest key of the numbers (keys above kNaNKey)
   uint32_t numbers, nans;
 };
 
@@ -189,6 +191,8 @@ __device__ __forceinline__ T WarpSum(T x) {
   for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, o);
   return x;
 }
+// 32-bit sums: one redux.sync instead of five dependent shuffles.
+__device__ __forceinline__ uint32_t WarpSum(uint32_t x) { return __reduce_add_sync(0xFFFFFFFFu, x); }
 
 __device__ __forceinline__ uint32_t WarpInclusiveSum(uint32_t x) {
   const int lane = threadIdx.x % 32;
@@ -236,29 +240,12 @@ __device__ __forceinline__ void ResetClusterSelect(ClusterSelectStorage& s) {
   if (threadIdx.x == 0) s.gathered_count = 0;
 }
 
-__device__ __forceinline__ SliceStats EmptyStats() {
-  return SliceStats{__int_as_float(0x7F800000), __int_as_float(0xFF800000), 0u, 0u};
-}
-__device__ __forceinline__ SliceStats Combine(SliceStats a, const SliceStats& b) {
-  a.lo = fminf(a.lo, b.lo);
-  a.hi = fmaxf(a.hi, b.hi);
-  a.numbers += b.numbers;
-  a.nans += b.nans;
-  return a;
-}
+__device__ __forceinline__ SliceStats EmptyStats() { return SliceStats{UINT_MAX, 0u, 0u, 0u}; }
 
 // Combined over the 32 lanes of the warp (every lane gets the result).
-__device__ __forceinline__ SliceStats WarpStats(SliceStats st) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) {
-    SliceStats other;
-    other.lo = __shfl_xor_sync(0xFFFFFFFFu, st.lo, o);
-    other.hi = __shfl_xor_sync(0xFFFFFFFFu, st.hi, o);
-    other.numbers = __shfl_xor_sync(0xFFFFFFFFu, st.numbers, o);
-    other.nans = __shfl_xor_sync(0xFFFFFFFFu, st.nans, o);
-    st = Combine(st, other);
-  }
-  return st;
+__device__ __forceinline__ SliceStats WarpStats(const SliceStats& st) {
+  return SliceStats{__reduce_min_sync(0xFFFFFFFFu, st.lo), __reduce_max_sync(0xFFFFFFFFu, st.hi),
+                    __reduce_add_sync(0xFFFFFFFFu, st.numbers), __reduce_add_sync(0xFFFFFFFFu, st.nans)};
 }
 
 // The row's stats, to every thread of every CTA: this thread's keys, block reduce, then
@@ -266,12 +253,10 @@ __device__ __forceinline__ SliceStats WarpStats(SliceStats st) {
 __device__ SliceStats RowStats(ClusterSelectStorage& s, const KeySpan& slice, int cluster_size) {
   SliceStats st = EmptyStats();
   ForEachKey(slice, [&](uint32_t key) {
-    if (key > kNaNKey) {
-      const float v = KeyToScore(key);
-      st.lo = fminf(st.lo, v);
-      st.hi = fmaxf(st.hi, v);
-      ++st.numbers;
-    }
+    const bool number = key > kNaNKey;
+    st.lo = min(st.lo, number ? key : UINT_MAX);
+    st.hi = max(st.hi, key);  // NaN and non-candidate keys lie below every number
+    st.numbers += number;
     st.nans += key == kNaNKey;
   });
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -373,7 +358,7 @@ __device__ bool BucketThreshold(ClusterSelectStorage& s, const KeySpan& slice, u
                                 int cluster_size, Threshold& th, RadixJob& job) {
   const int tid = threadIdx.x;
   job = RadixJob{slice, topk, cluster_size, true};
-  const float lo = row.lo, range = row.hi - row.lo;
+  const float lo = KeyToScore(row.lo), range = KeyToScore(row.hi) - lo;
   if (!(range > 0.0f && range < __int_as_float(0x7F800000))) return false;  // all equal, or infinities
   // Monotone in the score, so monotone in the key: bucket order is rank order.
   const float per_unit = static_cast<float>(kBuckets) / range;

@@ -11,8 +11,18 @@ __device__ __forceinline__ int64_t ClampedLength(const int32_t* seq_lens, int64_
   return ClampLength(seq_lens[b], max_pages);
 }
 
-__device__ __forceinline__ int32_t RowPages(const int32_t* seq_lens, int64_t b, int32_t max_pages) {
-  return static_cast<int32_t>((ClampedLength(seq_lens, b, max_pages) + kPageTokens - 1) / kPageTokens);
+// A row of at most K tokens ordered by position needs no scores: every token on a valid page
+// wins, whatever its score (NaN included), and the output is those tokens in position order.
+// Kernel 1 skips such rows and kernel 2 writes them without waiting for kernel 1.
+__device__ __forceinline__ bool ScoresNeeded(int64_t tokens, int32_t topk, bool sorted) {
+  return sorted || tokens > topk;
+}
+
+// Pages of row b that kernel 1 scores.
+__device__ __forceinline__ int32_t ScoredPages(const int32_t* seq_lens, int64_t b, int32_t max_pages, int32_t topk,
+                                               bool sorted) {
+  const int64_t n = ClampedLength(seq_lens, b, max_pages);
+  return ScoresNeeded(n, topk, sorted) ? static_cast<int32_t>((n + kPageTokens - 1) / kPageTokens) : 0;
 }
 
 }  // namespace ffi_dsa::sm90

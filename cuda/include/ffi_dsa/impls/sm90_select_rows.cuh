@@ -22,6 +22,7 @@ struct SelectParams {
   const int32_t* block_table;
   int32_t* topk_indices;
   int64_t row_stride;
+  int64_t num_pages;  // page ids outside [0, num_pages) are invalid
   int32_t max_pages;
   int32_t topk;
   uint32_t staged_capacity;  // keys of shared memory behind SelectSmem (a multiple of 64)
@@ -64,6 +65,35 @@ static_assert(kChunkTiles % kBatchTiles == 0, "a batch never spans two chunks");
 static_assert(kChunkTiles * kSelectWarps <= kSelectThreads, "one table entry per thread");
 static_assert(kChunkTiles * kTileKeys < 65536, "packed (greater, equal) counts of a chunk");
 
+// A row that needs no scores (sm90_rows.cuh: ScoresNeeded), by one CTA: every token on a valid
+// page, in position order, then -1. At most K tokens, so at most 32 pages: one warp scans them.
+static_assert(kMaxTopK <= 32 * kPageTokens, "one warp holds the pages of a row of <= K tokens");
+__device__ void WriteWholeRow(const SelectParams& p, int64_t row, int64_t n, ClusterSelectStorage& s) {
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int32_t* table = p.block_table + row * p.max_pages;
+  const int pages = static_cast<int>((n + kPageTokens - 1) / kPageTokens);
+  if (tid < 32) {
+    const int32_t page = lane < pages ? table[lane] : -1;
+    const bool valid = page >= 0 && page < p.num_pages;
+    const uint32_t tokens = valid ? static_cast<uint32_t>(min(int64_t(kPageTokens), n - int64_t(lane) * kPageTokens)) : 0u;
+    const uint32_t incl = WarpInclusiveSum(tokens);
+    s.chunk_offsets[lane] = incl - tokens;  // first output slot of the page's tokens
+    s.chunk_offsets[32 + lane] = static_cast<uint32_t>(page);
+    if (lane == 31) s.result_count = incl;
+  }
+  __syncthreads();
+  int32_t* out = p.topk_indices + row * p.topk;
+  const uint32_t count = s.result_count;
+#pragma unroll 1
+  for (int64_t t = tid; t < n; t += kSelectThreads) {
+    const int i = static_cast<int>(t / kPageTokens);
+    const int32_t page = static_cast<int32_t>(s.chunk_offsets[32 + i]);
+    if (page >= 0 && page < p.num_pages) out[s.chunk_offsets[i] + t % kPageTokens] = page * kPageTokens + t % kPageTokens;
+  }
+#pragma unroll 1
+  for (uint32_t i = count + tid; i < static_cast<uint32_t>(p.topk); i += kSelectThreads) out[i] = -1;
+}
+
 __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const SelectParams p) {
   extern __shared__ __align__(128) uint8_t select_smem_raw[];
   SelectSmem& smem = *reinterpret_cast<SelectSmem*>(select_smem_raw);
@@ -75,8 +105,15 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   const int tid = threadIdx.x;
   const uint32_t topk = static_cast<uint32_t>(p.topk);
 
-  ResetClusterSelect(s);
   const int64_t n = ClampedLength(p.seq_lens, row, p.max_pages);  // inputs: readable before the wait
+  if (!ScoresNeeded(n, p.topk, p.sorted)) {  // the same branch for every CTA of the cluster
+    if (cluster_rank == 0) WriteWholeRow(p, row, n, s);
+    // Kernel 1 had nothing to do for this row, but this grid must not finish before it: stream
+    // order promises later work both kernels' completion.
+    WaitForPrecedingGrid();
+    return;
+  }
+  ResetClusterSelect(s);
   const int64_t slice = SliceLength(n, cluster_size);
   const int64_t begin = min(n, cluster_rank * slice);
   const uint32_t m = static_cast<uint32_t>(min(n, begin + slice) - begin);
@@ -94,24 +131,24 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   __syncthreads();  // the barrier's init, slice_pages and the histogram's reset
   WaitForPrecedingGrid();  // kernel 1's keys
 
-  if (staged && m > 0) {
-    // Whole 16-byte units: up to 3 keys past the slice, inside the row's last page of the
-    // workspace (masked by the passes).
-    if (tid == 0) {
-      const uint32_t bytes = (m + 3) / 4 * 16;
-      MbarArriveExpectTx(&smem.keys_landed, bytes);
-      BulkLoad(staged_keys, slice_keys, bytes, &smem.keys_landed);
-    }
-    MbarWait(&smem.keys_landed, 0);
+  // Whole 16-byte units: up to 3 keys past the slice, inside the row's last page of the
+  // workspace (masked by the passes).
+  if (staged && m > 0 && tid == 0) {
+    const uint32_t bytes = (m + 3) / 4 * 16;
+    MbarArriveExpectTx(&smem.keys_landed, bytes);
+    BulkLoad(staged_keys, slice_keys, bytes, &smem.keys_landed);
   }
   const KeySpan keys{staged ? staged_keys : nullptr, slice_keys, m};
   const uint32_t tiles = Tiles(keys);
 
   Threshold th = kTakeAll;
   if (n > int64_t(topk)) {  // otherwise every valid token wins: no statistics needed
-    const SliceStats row_stats = RowStats(s, keys, cluster_size);
+    // The stats read the slice from L2 while the copy lands: their load latency hides behind it.
+    const SliceStats row_stats = RowStats(s, KeySpan{nullptr, slice_keys, m}, cluster_size);
+    if (staged && m > 0) MbarWait(&smem.keys_landed, 0);
     th = ClusterThreshold(s, keys, topk, row_stats, cluster_size);
   }
+  if (staged && m > 0) MbarWait(&smem.keys_landed, 0);  // (again after the stats: phase 0 stays complete)
 
   // ---- emit: winners by ascending position --------------------------------------------------
   // (greater-than-T, equal-to-T) counts of a quad, packed in one word.
@@ -128,13 +165,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
     for (uint32_t t = 0; t < chunk_tiles; t += kBatchTiles) {
       uint32_t x[kBatchTiles];
 #pragma unroll
-      for (uint32_t u = 0; u < kBatchTiles; ++u) x[u] = counts(LoadQuad(keys, QuadPosition(chunk + t + u)));
-      // WarpSum of each x[u], the batch's shuffles interleaved (as in the scan below)
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) {
-#pragma unroll
-        for (uint32_t u = 0; u < kBatchTiles; ++u) x[u] += __shfl_xor_sync(0xFFFFFFFFu, x[u], o);
-      }
+      for (uint32_t u = 0; u < kBatchTiles; ++u) x[u] = WarpSum(counts(LoadQuad(keys, QuadPosition(chunk + t + u))));
 #pragma unroll
       for (uint32_t u = 0; u < kBatchTiles; ++u) {
         if (lane == 0 && t + u < chunk_tiles) s.chunk_offsets[(t + u) * kSelectWarps + warp] = x[u];
