@@ -164,8 +164,13 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     total += tile_total;
     __syncthreads();
   }
-  const long long range_begin = total * blockIdx.x / gridDim.x;
-  const long long range_end = total * (blockIdx.x + 1) / gridDim.x;
+  // 32-bit division when it fits (a 64-bit one is a ~70-instruction call on the critical path).
+  const bool narrow = total * gridDim.x <= static_cast<long long>(UINT32_MAX);
+  auto share_start = [&](unsigned c) {
+    return narrow ? static_cast<long long>(static_cast<uint32_t>(total) * c / gridDim.x) : total * c / gridDim.x;
+  };
+  const long long range_begin = share_start(blockIdx.x);
+  const long long range_end = share_start(blockIdx.x + 1);
   if (range_begin >= range_end) return;  // fewer pages than CTAs: the whole CTA leaves together
   long long carry = 0;
   for (int64_t base = 0; base < p.batch && carry <= range_begin; base += kScoreThreads) {
@@ -245,18 +250,22 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     const int np = walk.page_end - walk.page_begin;
     const int qb = segment & 1;
     const int first = FirstOwned(i0, wg);
-    // Every math thread waits for the segment's Q, pages or not: its q_empty arrival below must
-    // not run ahead into the next phase of the buffer (a warpgroup with no page in several
-    // one-page segments would otherwise arrive for segment k + 2 before others did for k).
-    MbarWait(&s.q_full[qb], (segment >> 1) & 1);
+    // The head weights are loaded before the Q wait: on a cold call both are HBM round trips,
+    // and this way they overlap instead of adding up.
+    float w[16];
     if (first < i0 + np) {
-      float w[16];
       const float* wrow = p.weights + walk.seg_row * kNumHeads + 2 * (lane % 4);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         w[2 * j] = __ldg(wrow + 8 * j);
         w[2 * j + 1] = __ldg(wrow + 8 * j + 1);
       }
+    }
+    // Every math thread waits for the segment's Q, pages or not: its q_empty arrival below must
+    // not run ahead into the next phase of the buffer (a warpgroup with no page in several
+    // one-page segments would otherwise arrive for segment k + 2 before others did for k).
+    MbarWait(&s.q_full[qb], (segment >> 1) & 1);
+    if (first < i0 + np) {
       uint32_t* row_keys = p.keys + walk.seg_row * p.row_stride;
       const uint64_t desc_q = SmemDescSw128(s.q_tiles[qb]);
       for (int i = first; i < i0 + np; i += kMathWarpgroups) {
