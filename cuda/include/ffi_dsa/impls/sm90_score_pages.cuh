@@ -1,6 +1,7 @@
-// Kernel 1 of the Hopper path: score every page of every row, spread evenly over the whole GPU.
+// Kernel 1 of the Hopper path: score every page of every row that needs scores (sm90_rows.cuh:
+// not the rows of at most K tokens in position order), spread evenly over the whole GPU.
 //
-// Balance: the batch's pages, row after row, form one flat sequence of P pages (P from seq_lens,
+// Balance: the batch's scored pages, row after row, form one flat sequence of P pages (P from seq_lens,
 // read on the device, so the launch is shape-only and graph-safe). CTA c of G scores the flat
 // range [P*c/G, P*(c+1)/G): a long row is shared by many CTAs and a CTA may cover the ends of
 // several short rows ("segments"). Every SM streams the same number of bytes whatever the mix of

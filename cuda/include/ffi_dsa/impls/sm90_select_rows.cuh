@@ -5,6 +5,7 @@
 // and every pass reads it there; longer slices (rows of more than 16 x 32K tokens) are walked
 // from L2 on every pass. Launched with programmatic stream serialization: its CTAs are placed
 // while kernel 1 runs, read their inputs (lengths, page ids) and then wait for kernel 1's keys.
+// Rows that need no scores (at most K tokens, position order) are written without keys.
 #pragma once
 #include <cstdint>
 

@@ -1,0 +1,114 @@
+"""Where one call's time goes: per-kernel durations and gaps inside CUDA-graph replays.
+
+    python benchmarks/kernel_timeline.py [W1,W3,C2 ...]        (a GPU; default C2,W1,W3,W5,W6)
+
+bench_gpu.py times each replay between two CUDA events; that number includes the graph launch
+and both kernels. This script replays the same kind of rotating graphs under torch.profiler
+(CUPTI kernel records) and prints, per workload: the scoring kernel's duration, the select
+kernel's duration and its start relative to the scoring kernel's end (negative: programmatic
+dependent launch placed it early and it waited), the gap from one call's select to the next call's
+scoring kernel, and, once, the event-bracketed time of a graph holding a single tiny kernel (the
+floor of the event method). Medians over `--replays` calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import ffi_dsa  # noqa: E402
+from bench_gpu import Clock, _clock_hz, capture_graphs, rotating_sets, workloads  # noqa: E402
+
+MB = 1 << 20
+
+
+def median(xs) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def tiny_graph_us(clock: Clock, replays: int) -> float:
+    x = torch.zeros(16, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        x.add_(1)  # first use outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        x.add_(1)
+        graph.capture_end()
+    torch.cuda.synchronize()
+    return median(clock.time_each([graph.replay] * replays, head_start_s=5e-3)) * 1e6
+
+
+def kernel_records(fns) -> list[dict]:
+    """CUPTI kernel records of running fns back to back (after a head start), sorted by start."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.cuda._sleep(int(5e-3 * _clock_hz()))
+        for fn in fns:
+            fn()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel" and ("Score" in e["name"] or "Select" in e["name"])]
+    return sorted(kernels, key=lambda e: e["ts"])
+
+
+def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int) -> str:
+    rot = rotating_sets(spec["lens"], "cuda", 256 * MB, seed=11, max_sets=max_sets)
+
+    def make_call(i):
+        args, out = rot.set_args(i), rot.outs[i]
+        return lambda: ffi_dsa.call(*args, out)
+
+    graphs = capture_graphs(make_call, rot.sets, pool=torch.cuda.graph_pool_handle())
+    for i in range(10):
+        graphs[i % len(graphs)].replay()
+    torch.cuda.synchronize()
+    fns = [graphs[i % len(graphs)].replay for i in range(replays)]
+    event_us = median(clock.time_each(fns, head_start_s=5e-3)) * 1e6
+    ks = kernel_records(fns)
+    score = [e["dur"] for e in ks if "Score" in e["name"]]
+    select = [e["dur"] for e in ks if "Select" in e["name"]]
+    select_after, next_call = [], []
+    for a, b in zip(ks, ks[1:]):
+        end_a = a["ts"] + a["dur"]
+        if "Score" in a["name"] and "Select" in b["name"]:
+            select_after.append(b["ts"] + b["dur"] - end_a)
+        elif "Select" in a["name"]:
+            next_call.append(b["ts"] - end_a)
+    return (f"{name:3s} events {event_us:6.2f} us | score {median(score):6.2f} (n={len(score)}) | select "
+            f"{median(select):6.2f}, ends {median(select_after):6.2f} after score | select -> next call "
+            f"{median(next_call):5.2f}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workloads", nargs="?", default="C2,W1,W3,W5,W6")
+    parser.add_argument("--replays", type=int, default=40)
+    parser.add_argument("--max-sets", type=int, default=64)
+    a = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernel_timeline: needs a CUDA GPU")
+        return 1
+    clock = Clock("cuda")
+    print(f"one tiny kernel in a graph, event-bracketed: {tiny_graph_us(clock, 200):.2f} us", flush=True)
+    specs = workloads()
+    for name in a.workloads.split(","):
+        print(timeline(name, specs[name], clock, a.replays, a.max_sets), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
