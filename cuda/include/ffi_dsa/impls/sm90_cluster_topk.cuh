@@ -65,6 +65,7 @@ constexpr int kGroups = kBuckets / kGroupBuckets;
 // Largest cluster the exchanges are written for (H100's non-portable maximum).
 constexpr int kMaxClusterRanks = 16;
 constexpr int kGatherCapacity = 2048;
+static_assert(kGatherCapacity % kSelectThreads == 0, "the gathered keys are copied a fixed count per thread");
 constexpr int kRankAllPairsMax = 256;  // gathered keys ranked by all-pairs counting up to this
 constexpr int kSelectWarps = kSelectThreads / 32;
 static_assert(kGroups <= kSelectThreads && kGroupBuckets == 32 && kSelectWarps >= kBins && kBuckets == 4 * kSelectThreads,
@@ -444,16 +445,34 @@ __device__ bool BucketThreshold(ClusterSelectStorage& s, const KeySpan& slice, u
     ClusterBarrier();
     if (tid < cluster_size) s.rank_counts[tid] = *AtRank(&s.gathered_count, tid);
     __syncthreads();
-    uint32_t offset = 0;
+    // Entry j of the united bucket comes from the rank whose range of entries holds j. Every
+    // thread issues all its DSMEM loads before its first store, so the copy costs one round trip;
+    // a loop rank by rank (a store may alias the next rank's load) cost one per rank, ~4K cycles
+    // for a cluster of 8 (v11 trace).
+    uint32_t start[kMaxClusterRanks];
+    uint32_t total = 0;
 #pragma unroll
     for (int r = 0; r < kMaxClusterRanks; ++r) {
-      if (r < cluster_size) {
-        const uint32_t* src = AtRank(s.gathered, r);
-        const uint32_t count = s.rank_counts[r];
-#pragma unroll 1
-        for (uint32_t i = tid; i < count; i += kSelectThreads) s.united[offset + i] = src[i];
-        offset += count;
-      }
+      start[r] = total;
+      total += r < cluster_size ? s.rank_counts[r] : 0u;
+    }
+    constexpr int kPerThread = kGatherCapacity / kSelectThreads;
+    uint32_t v[kPerThread];
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {
+      const uint32_t j = tid + u * kSelectThreads;
+      int from = 0;
+#pragma unroll
+      for (int r = 1; r < kMaxClusterRanks; ++r) from = (r < cluster_size && j >= start[r]) ? r : from;
+      uint32_t first = 0;
+#pragma unroll
+      for (int r = 0; r < kMaxClusterRanks; ++r) first = r == from ? start[r] : first;
+      v[u] = j < total ? AtRank(s.gathered, from)[j - first] : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {
+      const uint32_t j = tid + u * kSelectThreads;
+      if (j < total) s.united[j] = v[u];
     }
     united = s.united;
   }
