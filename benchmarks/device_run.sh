@@ -13,7 +13,7 @@
 # apache-tvm-ffi / jax-tvm-ffi: those travel as cp312 wheels in .whl/ (name .whl in the call's
 # carry). A failing step does not stop the next one; the exit code is non-zero if any failed.
 # Knobs (environment): BENCH_ARGS (extra bench_gpu.py options, e.g. "--workloads W1,W5"),
-# PYTEST_ARGS (default "-q -x tests"), SANITIZE_TOOLS (default "memcheck racecheck synccheck"),
+# PYTEST_ARGS (default "-q -x tests"), SANITIZE_TOOLS (default "memcheck racecheck synccheck initcheck"),
 # SANITIZE_TIMEOUT (seconds per tool, default 150), FFI_DSA_CACHE_DIR (default /tmp/ffi_dsa_cache).
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -133,7 +133,7 @@ step_sanitize() {
   : >"$OUT/sanitize.log"
   # build (or load) the CUDA module outside the sanitizer: nvcc must not run under it
   python3 -c "from ffi_dsa import _ffi_api; _ffi_api.cuda_module()" || return 1
-  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
     echo "-- compute-sanitizer --tool $tool"
     # PYTORCH_NO_CUDA_MEMORY_CACHING: exact allocations, so memcheck sees every out-of-bounds byte
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-150}" \

@@ -36,7 +36,7 @@ struct ScoreParams {
   const float* weights;
   const int32_t* seq_lens;
   const int32_t* block_table;
-  uint32_t* keys;      // [B, row_stride] workspace; entries at t >= seq_len are never written
+  uint32_t* keys;      // [B, row_stride] workspace; written for t < seq_len rounded up to 4 (the pad: kNotCandidate)
   int64_t row_stride;  // max_pages * 64
   int64_t num_pages;
   int32_t batch;
@@ -300,8 +300,11 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
           k1 = ScoreToKey(TokenScore(acc, 2, scale1, w));
         }
         if (lane % 4 == 0) {
-          if (t0 < walk.tokens) row_keys[t0] = k0;
-          if (t1 < walk.tokens) row_keys[t1] = k1;
+          // The select reads whole 4-key quads, so the up to 3 slots after the row's last token
+          // get kNotCandidate: every byte it reads was written (compute-sanitizer initcheck).
+          const int64_t written = (walk.tokens + 3) / 4 * 4;
+          if (t0 < written) row_keys[t0] = t0 < walk.tokens ? k0 : kNotCandidate;
+          if (t1 < written) row_keys[t1] = t1 < walk.tokens ? k1 : kNotCandidate;
         }
       }
     }

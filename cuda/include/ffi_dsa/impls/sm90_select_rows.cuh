@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   WaitForPrecedingGrid();  // kernel 1's keys
 
   // Whole 16-byte units: up to 3 keys past the slice, inside the row's last page of the
-  // workspace (masked by the passes).
+  // workspace (kernel 1 writes them as kNotCandidate; the passes mask them anyway).
   if (staged && m > 0 && tid == 0) {
     const uint32_t bytes = (m + 3) / 4 * 16;
     MbarArriveExpectTx(&smem.keys_landed, bytes);
