@@ -149,3 +149,23 @@ def test_cpu_and_cuda_same_bytes_on_exact_data(sorted_):
     cuda = run_dps(batch.to_torch("cuda"), sorted=sorted_)
     assert np.array_equal(cpu, cuda)
     assert_exact(cuda, batch, sorted=sorted_)
+
+
+def test_bad_max_select_cluster_setting_is_a_clear_error():
+    """FFI_DSA_MAX_SELECT_CLUSTER (the testing knob for GPUs whose GPCs hold fewer SMs) accepts only
+    cluster sizes the kernel supports; anything else is a ValueError naming the variable, not a
+    silent default. (A fresh process: the setting is read once per device.)"""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch, ffi_dsa\n"
+            "from ffi_dsa.workloads import make_batch\n"
+            "out = torch.empty((1, 16), dtype=torch.int32, device='cuda')\n"
+            "try:\n"
+            "    ffi_dsa.call(*make_batch([100], seed=1).to_torch('cuda'), out)\n"
+            "except ValueError as e:\n"
+            "    print('VALUE_ERROR', e)\n")
+    env = dict(os.environ, FFI_DSA_MAX_SELECT_CLUSTER="3")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert "VALUE_ERROR" in result.stdout and "FFI_DSA_MAX_SELECT_CLUSTER" in result.stdout, result.stdout + result.stderr

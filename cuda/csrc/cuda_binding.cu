@@ -8,9 +8,12 @@
 #include <tvm/ffi/extra/cuda/device_guard.h>
 #include <tvm/ffi/function.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "ffi_dsa/impls/sm90_score_pages.cuh"
 #include "ffi_dsa/impls/sm90_select_rows.cuh"
@@ -30,9 +33,19 @@ struct DeviceInfo {
 
 // Largest cluster size <= kMaxSelectCluster for which the select kernel, at its largest shared
 // memory, can be resident: a 16-CTA cluster needs 16 free SMs in one GPC, which the H100 SXM has
-// but a part with fewer SMs per GPC may not (its launch would fail).
+// but a part with fewer SMs per GPC may not (its launch would fail). FFI_DSA_MAX_SELECT_CLUSTER
+// (1, 2, 4, 8 or 16) lowers the start, so the smaller clusters such a part gets can be tested on
+// any Hopper GPU.
 int LargestSelectCluster() {
-  for (int size = sm90::kMaxSelectCluster; size > 1; size /= 2) {
+  int start = sm90::kMaxSelectCluster;
+  if (const char* env = std::getenv("FFI_DSA_MAX_SELECT_CLUSTER"); env != nullptr && *env != '\0') {
+    const std::string value(env);
+    if (value != "1" && value != "2" && value != "4" && value != "8" && value != "16") {
+      TVM_FFI_THROW(ValueError) << "FFI_DSA_MAX_SELECT_CLUSTER must be 1, 2, 4, 8 or 16, got '" << value << "'";
+    }
+    start = std::min(start, std::stoi(value));
+  }
+  for (int size = start; size > 1; size /= 2) {
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(static_cast<unsigned>(size));
     config.blockDim = dim3(sm90::kSelectThreads);
