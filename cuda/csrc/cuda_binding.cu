@@ -201,7 +201,7 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
   // Kernel 1 runs unless no row has a token, or no row can be longer than K with the output by
   // position, so that no row needs scores (sm90_rows.cuh: ScoresNeeded): then one launch, no
   // workspace.
-  const bool score = a.max_pages > 0 && (sorted_by_score || row_stride > a.topk);
+  const bool score = a.max_pages > 0 && sm90::ScoresNeeded(row_stride, static_cast<int32_t>(a.topk), sorted_by_score);
   Workspace workspace(score ? AlignUp(a.batch * row_stride * sizeof(uint32_t)) : 0, a.device, stream);
   uint32_t* keys = reinterpret_cast<uint32_t*>(workspace.data());
 

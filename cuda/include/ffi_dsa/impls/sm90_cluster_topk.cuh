@@ -461,12 +461,15 @@ __device__ bool BucketThreshold(ClusterSelectStorage& s, const KeySpan& slice, u
 #pragma unroll
     for (int u = 0; u < kPerThread; ++u) {
       const uint32_t j = tid + u * kSelectThreads;
-      int from = 0;
-#pragma unroll
-      for (int r = 1; r < kMaxClusterRanks; ++r) from = (r < cluster_size && j >= start[r]) ? r : from;
+      int from = 0;  // the last rank whose entries start at or before j
       uint32_t first = 0;
 #pragma unroll
-      for (int r = 0; r < kMaxClusterRanks; ++r) first = r == from ? start[r] : first;
+      for (int r = 1; r < kMaxClusterRanks; ++r) {
+        if (r < cluster_size && j >= start[r]) {
+          from = r;
+          first = start[r];
+        }
+      }
       v[u] = j < total ? AtRank(s.gathered, from)[j - first] : 0u;
     }
 #pragma unroll

@@ -13,15 +13,14 @@ __device__ __forceinline__ int64_t ClampedLength(const int32_t* seq_lens, int64_
 
 // A row of at most K tokens ordered by position needs no scores: every token on a valid page
 // wins, whatever its score (NaN included), and the output is those tokens in position order.
-// Kernel 1 skips such rows and kernel 2 writes them without waiting for kernel 1.
-__device__ __forceinline__ bool ScoresNeeded(int64_t tokens, int32_t topk, bool sorted) {
+// Kernel 1 skips such rows and kernel 2 writes them without waiting for kernel 1; the host skips
+// kernel 1 when no row can be longer than the block table allows (tokens = max_pages * 64).
+__host__ __device__ __forceinline__ bool ScoresNeeded(int64_t tokens, int32_t topk, bool sorted) {
   return sorted || tokens > topk;
 }
 
-// Pages of row b that kernel 1 scores.
-__device__ __forceinline__ int32_t ScoredPages(const int32_t* seq_lens, int64_t b, int32_t max_pages, int32_t topk,
-                                               bool sorted) {
-  const int64_t n = ClampedLength(seq_lens, b, max_pages);
+// Pages kernel 1 scores for a row of n tokens.
+__device__ __forceinline__ int32_t ScoredPages(int64_t n, int32_t topk, bool sorted) {
   return ScoresNeeded(n, topk, sorted) ? static_cast<int32_t>((n + kPageTokens - 1) / kPageTokens) : 0;
 }
 

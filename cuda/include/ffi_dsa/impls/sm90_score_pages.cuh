@@ -91,7 +91,7 @@ struct SegmentWalk {
   __device__ bool Next(const ScoreParams& p) {
     while (next < end) {
       const int64_t n = ClampedLength(p.seq_lens, row, p.max_pages);
-      const long long pages = ScoresNeeded(n, p.topk, p.sorted) ? (n + kPageTokens - 1) / kPageTokens : 0;
+      const long long pages = ScoredPages(n, p.topk, p.sorted);
       if (next >= row_start + pages) {  // past this row (also skips empty and unscored rows)
         row_start += pages;
         ++row;
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   int first_tile_pages = 0;  // batches of <= 640 rows (the common case) read seq_lens once
   for (int64_t base = 0; base < p.batch; base += kScoreThreads) {
     const int64_t r = base + tid;
-    const int pages = r < p.batch ? ScoredPages(p.seq_lens, r, p.max_pages, p.topk, p.sorted) : 0;
+    const int pages = r < p.batch ? ScoredPages(ClampedLength(p.seq_lens, r, p.max_pages), p.topk, p.sorted) : 0;
     if (base == 0) first_tile_pages = pages;
     long long before, tile_total;
     Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
@@ -183,7 +183,9 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   long long carry = 0;
   for (int64_t base = 0; base < p.batch && carry <= range_begin; base += kScoreThreads) {
     const int64_t r = base + tid;
-    const int pages = base == 0 ? first_tile_pages : (r < p.batch ? ScoredPages(p.seq_lens, r, p.max_pages, p.topk, p.sorted) : 0);
+    const int pages =
+        base == 0 ? first_tile_pages
+                  : (r < p.batch ? ScoredPages(ClampedLength(p.seq_lens, r, p.max_pages), p.topk, p.sorted) : 0);
     long long before, tile_total;
     Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
     before += carry;

@@ -69,17 +69,18 @@ static_assert(kChunkTiles * kTileKeys < 65536, "packed (greater, equal) counts o
 // A row that needs no scores (sm90_rows.cuh: ScoresNeeded), by one CTA: every token on a valid
 // page, in position order, then -1. At most K tokens, so at most 32 pages: one warp scans them.
 static_assert(kMaxTopK <= 32 * kPageTokens, "one warp holds the pages of a row of <= K tokens");
-__device__ void WriteWholeRow(const SelectParams& p, int64_t row, int64_t n, ClusterSelectStorage& s) {
+__device__ void WriteWholeRow(const SelectParams& p, int64_t row, int64_t n, SelectSmem& smem) {
   const int tid = threadIdx.x, lane = tid % 32;
+  ClusterSelectStorage& s = smem.select;
   const int32_t* table = p.block_table + row * p.max_pages;
   const int pages = static_cast<int>((n + kPageTokens - 1) / kPageTokens);
   if (tid < 32) {
-    const int32_t page = lane < pages ? table[lane] : -1;
-    const bool valid = page >= 0 && page < p.num_pages;
-    const uint32_t tokens = valid ? static_cast<uint32_t>(min(int64_t(kPageTokens), n - int64_t(lane) * kPageTokens)) : 0u;
+    int32_t page = lane < pages ? table[lane] : -1;
+    if (page >= p.num_pages) page = -1;  // -1 (or any negative id): not a page, its tokens are not candidates
+    const uint32_t tokens = page >= 0 ? static_cast<uint32_t>(min(int64_t(kPageTokens), n - int64_t(lane) * kPageTokens)) : 0u;
     const uint32_t incl = WarpInclusiveSum(tokens);
     s.chunk_offsets[lane] = incl - tokens;  // first output slot of the page's tokens
-    s.chunk_offsets[32 + lane] = static_cast<uint32_t>(page);
+    smem.slice_pages[lane] = page;
     if (lane == 31) s.result_count = incl;
   }
   __syncthreads();
@@ -88,8 +89,8 @@ __device__ void WriteWholeRow(const SelectParams& p, int64_t row, int64_t n, Clu
 #pragma unroll 1
   for (int64_t t = tid; t < n; t += kSelectThreads) {
     const int i = static_cast<int>(t / kPageTokens);
-    const int32_t page = static_cast<int32_t>(s.chunk_offsets[32 + i]);
-    if (page >= 0 && page < p.num_pages) out[s.chunk_offsets[i] + t % kPageTokens] = page * kPageTokens + t % kPageTokens;
+    const int32_t page = smem.slice_pages[i];
+    if (page >= 0) out[s.chunk_offsets[i] + t % kPageTokens] = page * kPageTokens + t % kPageTokens;
   }
 #pragma unroll 1
   for (uint32_t i = count + tid; i < static_cast<uint32_t>(p.topk); i += kSelectThreads) out[i] = -1;
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
 
   const int64_t n = ClampedLength(p.seq_lens, row, p.max_pages);  // inputs: readable before the wait
   if (!ScoresNeeded(n, p.topk, p.sorted)) {  // the same branch for every CTA of the cluster
-    if (cluster_rank == 0) WriteWholeRow(p, row, n, s);
+    if (cluster_rank == 0) WriteWholeRow(p, row, n, smem);
     // Kernel 1 had nothing to do for this row, but this grid must not finish before it: stream
     // order promises later work both kernels' completion.
     WaitForPrecedingGrid();
@@ -142,14 +143,13 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   const KeySpan keys{staged ? staged_keys : nullptr, slice_keys, m};
   const uint32_t tiles = Tiles(keys);
 
-  Threshold th = kTakeAll;
-  if (n > int64_t(topk)) {  // otherwise every valid token wins: no statistics needed
-    // The stats read the slice from L2 while the copy lands: their load latency hides behind it.
-    const SliceStats row_stats = RowStats(s, KeySpan{nullptr, slice_keys, m}, cluster_size);
-    if (staged && m > 0) MbarWait(&smem.keys_landed, 0);
-    th = ClusterThreshold(s, keys, topk, row_stats, cluster_size);
-  }
-  if (staged && m > 0) MbarWait(&smem.keys_landed, 0);  // (again after the stats: phase 0 stays complete)
+  // Otherwise (sorted and at most K tokens) every valid token wins: no statistics needed.
+  const bool select = n > int64_t(topk);
+  SliceStats row_stats;
+  // The stats read the slice from L2 while the copy lands: their load latency hides behind it.
+  if (select) row_stats = RowStats(s, KeySpan{nullptr, slice_keys, m}, cluster_size);
+  if (staged && m > 0) MbarWait(&smem.keys_landed, 0);
+  const Threshold th = select ? ClusterThreshold(s, keys, topk, row_stats, cluster_size) : kTakeAll;
 
   // ---- emit: winners by ascending position --------------------------------------------------
   // (greater-than-T, equal-to-T) counts of a quad, packed in one word.
