@@ -54,6 +54,14 @@ def cases():
     short.block_table[2, 4] = -2
     yield "rows <= K only (position order: the select kernel alone)", short, False
 
+    lens = np.random.default_rng(19).integers(0, 8193, size=132)  # >= 0.7 x the SMs: the one-kernel path
+    lens[:5] = [0, 2049, 8192, 5000, 3000]
+    big = make_batch(lens, seed=19)
+    big.block_table[3, 2] = -1
+    big.block_table[4, 0] = big.k_cache.shape[0]
+    yield "132 rows <= 8K (one kernel, one CTA per row)", big, False
+    yield "132 rows <= 8K, sorted=True", big, True
+
     yield "B=0", make_batch(np.zeros(0, np.int32), seed=15), False
 
 

@@ -22,6 +22,7 @@ from conftest import (
     make_exact_batch,
     poisoned,
     run_dps,
+    set_token,
 )
 
 pytestmark = pytest.mark.cuda
@@ -52,6 +53,62 @@ def test_batch_of_256_rows_exact():
     lens = np.random.default_rng(102).integers(0, 3000, size=256)
     batch = make_exact_batch(lens, seed=102, q_values=(0, 1), k_values=(0, 1), w_values=(1,), active_dims=3)
     assert_exact(run_dps(batch.to_torch("cuda")), batch)
+
+
+def _one_kernel_batch_size() -> int:
+    """A batch this large (>= 0.7 x the SMs) with a block table <= 16K tokens wide takes the one-kernel
+    path: one CTA per row scores it into shared memory and selects it (sm90_schedule.h)."""
+    return max(128, torch.cuda.get_device_properties(0).multi_processor_count)
+
+
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+def test_big_batch_of_rows_up_to_16k_one_cta_per_row(sorted_):
+    """The one-kernel path: SPEC edge lengths up to the longest row it takes (16384 tokens), random
+    page order, invalid page ids (negative, one past the end, far out), NaN tokens and a NaN row
+    (tolerance rule, every output written)."""
+    rows = _one_kernel_batch_size()
+    lens = np.random.default_rng(120).integers(0, 16385, size=rows)
+    lens[:10] = [0, 1, 2047, 2048, 2049, 16384, 16383, 4097, 9000, 12000]
+    batch = make_batch(lens, seed=120)
+    num_pages = batch.k_cache.shape[0]
+    batch.block_table[5, 3] = -1
+    batch.block_table[6, 0] = num_pages
+    batch.block_table[7, 10] = num_pages + 999
+    batch.block_table[4, 32] = -5  # the one token past K of a 2049-token row
+    for t in (0, 5, 100, 4000, 11999):
+        set_token(batch, 9, t, scale=float("nan"))
+    batch.weights[8, 3] = np.nan
+    out = run_dps(batch.to_torch("cuda"), sorted=sorted_)
+    assert_valid_topk(out, batch, sorted=sorted_)
+
+
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+def test_big_batch_of_rows_up_to_16k_exact_ties(sorted_):
+    """The one-kernel path on exact scores with many ties: the tie rule byte for byte."""
+    rows = _one_kernel_batch_size()
+    lens = np.random.default_rng(121).integers(0, 6000, size=rows)
+    lens[:6] = [0, 1, 2047, 2048, 2049, 16384]
+    batch = make_exact_batch(lens, seed=121, q_values=(0, 1), k_values=(0, 1), w_values=(1,), active_dims=4)
+    assert_exact(run_dps(batch.to_torch("cuda"), sorted=sorted_), batch, sorted=sorted_)
+
+
+def test_one_kernel_path_setting_is_checked():
+    """FFI_DSA_FUSED=0 (the knob that sends every call to the two kernels, for A/B timing and tests)
+    accepts 0 or 1 only; anything else is a ValueError naming the variable."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch, ffi_dsa\n"
+            "from ffi_dsa.workloads import make_batch\n"
+            "out = torch.empty((1, 16), dtype=torch.int32, device='cuda')\n"
+            "try:\n"
+            "    ffi_dsa.call(*make_batch([100], seed=1).to_torch('cuda'), out)\n"
+            "except ValueError as e:\n"
+            "    print('VALUE_ERROR', e)\n")
+    env = dict(os.environ, FFI_DSA_FUSED="yes")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert "VALUE_ERROR" in result.stdout and "FFI_DSA_FUSED" in result.stdout, result.stdout + result.stderr
 
 
 @pytest.mark.slow

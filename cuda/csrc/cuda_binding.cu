@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 
+#include "ffi_dsa/impls/sm90_fused_rows.cuh"
 #include "ffi_dsa/impls/sm90_score_pages.cuh"
 #include "ffi_dsa/impls/sm90_select_rows.cuh"
 #include "ffi_dsa/sm90_schedule.h"
@@ -29,6 +30,7 @@ struct DeviceInfo {
   int sm_count = 0, major = 0, minor = 0;
   size_t max_smem_optin = 0;
   int max_select_cluster = 1;  // largest select cluster that fits on this device (at most 16)
+  bool fused = true;           // the one-kernel path may be chosen (FFI_DSA_FUSED)
 };
 
 // Largest cluster size <= kMaxSelectCluster for which the select kernel, at its largest shared
@@ -66,6 +68,16 @@ int LargestSelectCluster() {
   return 1;
 }
 
+// FFI_DSA_FUSED=0 turns the one-kernel path off (every call then takes the two kernels), so both
+// paths can be tested and timed on the same shapes.
+bool FusedKernelEnabled() {
+  const char* env = std::getenv("FFI_DSA_FUSED");
+  if (env == nullptr || *env == '\0') return true;
+  const std::string value(env);
+  if (value != "0" && value != "1") TVM_FFI_THROW(ValueError) << "FFI_DSA_FUSED must be 0 or 1, got '" << value << "'";
+  return value == "1";
+}
+
 // Device facts and kernel attributes, set once per device (not per call: keeps the launch path
 // free of driver queries, and capture-safe).
 const DeviceInfo& GetDeviceInfo(int device) {
@@ -82,12 +94,13 @@ const DeviceInfo& GetDeviceInfo(int device) {
     TVM_FFI_CHECK_CUDA_ERROR(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     info.max_smem_optin = static_cast<size_t>(optin);
     if (info.major == 9 && info.minor == 0) {
-      // Both kernels have fixed shared-memory footprints: check them once per device, not per call.
+      // The kernels have fixed shared-memory footprints: check them once per device, not per call.
       const size_t select_bytes = sm90::SelectSmemBytes(sm90::kMaxStagedKeys);
-      if (sm90::ScoreSmemBytes() > info.max_smem_optin || select_bytes > info.max_smem_optin) {
-        TVM_FFI_THROW(RuntimeError) << "internal: the kernels need " << sm90::ScoreSmemBytes() << " and "
-                                    << select_bytes << " B of shared memory, device " << device
-                                    << " allows " << info.max_smem_optin;
+      const size_t fused_bytes = sm90::FusedSmemBytes(sm90::kFusedMaxRowTokens);
+      if (std::max({sm90::ScoreSmemBytes(), select_bytes, fused_bytes}) > info.max_smem_optin) {
+        TVM_FFI_THROW(RuntimeError) << "internal: the kernels need " << sm90::ScoreSmemBytes() << ", "
+                                    << select_bytes << " and " << fused_bytes << " B of shared memory, device "
+                                    << device << " allows " << info.max_smem_optin;
       }
       TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(sm90::ScorePagesKernel,
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
@@ -95,7 +108,10 @@ const DeviceInfo& GetDeviceInfo(int device) {
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
       TVM_FFI_CHECK_CUDA_ERROR(
           cudaFuncSetAttribute(sm90::SelectRowsKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(sm90::FusedRowsKernel,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
       info.max_select_cluster = LargestSelectCluster();
+      info.fused = FusedKernelEnabled();
     }
     infos[device] = info;
   });
@@ -196,15 +212,41 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device));
 
   const sm90::Schedule plan = sm90::PlanSchedule(a.batch, a.max_pages, info.sm_count, sm90::kSliceKeys,
-                                                 info.max_select_cluster);
+                                                 info.max_select_cluster, info.fused ? sm90::kFusedMaxRowTokens : 0);
   const int64_t row_stride = a.max_pages * ffi_dsa::kPageTokens;
   // Kernel 1 runs unless no row has a token, or no row can be longer than K with the output by
   // position, so that no row needs scores (sm90_rows.cuh: ScoresNeeded): then one launch, no
   // workspace.
   const bool score = a.max_pages > 0 && sm90::ScoresNeeded(row_stride, static_cast<int32_t>(a.topk), sorted_by_score);
+  const int64_t max_tokens = std::max<int64_t>(1, a.max_pages) * ffi_dsa::kPageTokens;
+
+  sm90::SelectParams sel{};
+  sel.seq_lens = a.seq_lens;
+  sel.block_table = a.block_table;
+  sel.topk_indices = a.topk_indices;
+  sel.row_stride = row_stride;
+  sel.num_pages = a.num_pages;
+  sel.max_pages = static_cast<int32_t>(a.max_pages);
+  sel.topk = static_cast<int32_t>(a.topk);
+  sel.sorted = sorted_by_score;
+
+  if (score && plan.fused) {  // one kernel: every row scored and selected by its own CTA
+    sm90::FusedParams fp{};
+    fp.k_cache = a.k_cache;
+    fp.weights = a.weights;
+    fp.select = sel;
+    const CUtensorMap k_map = KCacheTensorMap(a.k_cache, a.num_pages);
+    const CUtensorMap q_map = QTensorMap(a.q, a.batch);
+    sm90::FusedRowsKernel<<<static_cast<unsigned>(a.batch), sm90::kFusedThreads,
+                            sm90::FusedSmemBytes(static_cast<uint32_t>(max_tokens)), stream>>>(k_map, q_map, fp);
+    TVM_FFI_CHECK_CUDA_ERROR(cudaGetLastError());
+    return;
+  }
+
+  // Two kernels: kernel 1 scores every page into a workspace of rank keys, balanced over all SMs;
+  // kernel 2 selects each row from there.
   Workspace workspace(score ? AlignUp(a.batch * row_stride * sizeof(uint32_t)) : 0, a.device, stream);
   uint32_t* keys = reinterpret_cast<uint32_t*>(workspace.data());
-
   if (score) {
     sm90::ScoreParams sp{};
     sp.k_cache = a.k_cache;
@@ -225,19 +267,10 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
     TVM_FFI_CHECK_CUDA_ERROR(cudaGetLastError());
   }
 
-  sm90::SelectParams sel{};
   sel.keys = keys;
-  sel.seq_lens = a.seq_lens;
-  sel.block_table = a.block_table;
-  sel.topk_indices = a.topk_indices;
-  sel.row_stride = row_stride;
-  sel.num_pages = a.num_pages;
-  sel.max_pages = static_cast<int32_t>(a.max_pages);
-  sel.topk = static_cast<int32_t>(a.topk);
-  sel.sorted = sorted_by_score;
   // Shared memory for the longest slice the table allows (slices of longer rows read L2).
-  sel.staged_capacity = static_cast<uint32_t>(std::min<int64_t>(
-      sm90::kMaxStagedKeys, sm90::SliceLength(std::max<int64_t>(1, a.max_pages) * ffi_dsa::kPageTokens, plan.cluster_size)));
+  sel.staged_capacity =
+      static_cast<uint32_t>(std::min<int64_t>(sm90::kMaxStagedKeys, sm90::SliceLength(max_tokens, plan.cluster_size)));
   // One cluster per row; programmatic stream serialization lets the select CTAs be placed while
   // the score kernel still runs (they wait for it with griddepcontrol.wait before reading keys).
   // Not without kernel 1: the select reads seq_lens and the block table before that wait, which

@@ -96,59 +96,23 @@ __device__ void WriteWholeRow(const SelectParams& p, int64_t row, int64_t n, Sel
   for (uint32_t i = count + tid; i < static_cast<uint32_t>(p.topk); i += kSelectThreads) out[i] = -1;
 }
 
-__global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const SelectParams p) {
-  extern __shared__ __align__(128) uint8_t select_smem_raw[];
-  SelectSmem& smem = *reinterpret_cast<SelectSmem*>(select_smem_raw);
-  uint32_t* staged_keys = reinterpret_cast<uint32_t*>(select_smem_raw + StagedKeysOffset());
+// The exact top-K of row `row` (n tokens), from this CTA's slice of it: keys [begin, begin + m)
+// of the row in `keys`, the slice's page ids in `pages`. Every CTA of the row's cluster calls it
+// with its own slice. The row stats are computed from `stats_keys` (the same keys, possibly where
+// they are still being copied from) before waiting on `landed` (the copy's mbarrier, or null).
+__device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& smem, int64_t row, int64_t n, int64_t begin,
+                                            const KeySpan& keys, const KeySpan& stats_keys, const int32_t* pages, uint64_t* landed,
+                                            int cluster_size, int cluster_rank) {
   auto& s = smem.select;
-  const int cluster_size = static_cast<int>(cg::this_cluster().num_blocks());
-  const int cluster_rank = static_cast<int>(cg::this_cluster().block_rank());
-  const int64_t row = blockIdx.x / cluster_size;
   const int tid = threadIdx.x;
   const uint32_t topk = static_cast<uint32_t>(p.topk);
-
-  const int64_t n = ClampedLength(p.seq_lens, row, p.max_pages);  // inputs: readable before the wait
-  if (!ScoresNeeded(n, p.topk, p.sorted)) {  // the same branch for every CTA of the cluster
-    if (cluster_rank == 0) WriteWholeRow(p, row, n, smem);
-    // Kernel 1 had nothing to do for this row, but this grid must not finish before it: stream
-    // order promises later work both kernels' completion.
-    WaitForPrecedingGrid();
-    return;
-  }
-  ResetClusterSelect(s);
-  const int64_t slice = SliceLength(n, cluster_size);
-  const int64_t begin = min(n, cluster_rank * slice);
-  const uint32_t m = static_cast<uint32_t>(min(n, begin + slice) - begin);
-  const bool staged = m <= p.staged_capacity;
-  const uint32_t* slice_keys = p.keys + row * p.row_stride + begin;
-  const int32_t* table = p.block_table + row * p.max_pages + begin / kPageTokens;
-  if (staged) {
-#pragma unroll 1
-    for (uint32_t i = tid; i < (m + kPageTokens - 1) / kPageTokens; i += kSelectThreads) smem.slice_pages[i] = table[i];
-    if (tid == 0) {
-      MbarInit(&smem.keys_landed, 1);
-      FenceBarrierInit();
-    }
-  }
-  __syncthreads();  // the barrier's init, slice_pages and the histogram's reset
-  WaitForPrecedingGrid();  // kernel 1's keys
-
-  // Whole 16-byte units: up to 3 keys past the slice, inside the row's last page of the
-  // workspace (kernel 1 writes them as kNotCandidate; the passes mask them anyway).
-  if (staged && m > 0 && tid == 0) {
-    const uint32_t bytes = (m + 3) / 4 * 16;
-    MbarArriveExpectTx(&smem.keys_landed, bytes);
-    BulkLoad(staged_keys, slice_keys, bytes, &smem.keys_landed);
-  }
-  const KeySpan keys{staged ? staged_keys : nullptr, slice_keys, m};
   const uint32_t tiles = Tiles(keys);
 
   // Otherwise (sorted and at most K tokens) every valid token wins: no statistics needed.
   const bool select = n > int64_t(topk);
   SliceStats row_stats;
-  // The stats read the slice from L2 while the copy lands: their load latency hides behind it.
-  if (select) row_stats = RowStats(s, KeySpan{nullptr, slice_keys, m}, cluster_size);
-  if (staged && m > 0) MbarWait(&smem.keys_landed, 0);
+  if (select) row_stats = RowStats(s, stats_keys, cluster_size);
+  if (landed != nullptr) MbarWait(landed, 0);
   const Threshold th = select ? ClusterThreshold(s, keys, topk, row_stats, cluster_size) : kTakeAll;
 
   // ---- emit: winners by ascending position --------------------------------------------------
@@ -217,7 +181,6 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
 
   int32_t* out = p.topk_indices + row * p.topk;
   unsigned long long* words = cluster_size > 1 ? AtRank(s.sorting.words, 0) : s.sorting.words;
-  const int32_t* pages = staged ? smem.slice_pages : table;  // the slice's page ids
   // Pass 2, chunk by chunk: the chunk's (tile, warp) counts and their prefix, then every winner's
   // slot = winners before it in the row (ties: only the first th.ties).
   uint32_t greater_carry = static_cast<uint32_t>(lower >> 32), equal_carry = static_cast<uint32_t>(lower);
@@ -290,6 +253,55 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
       }
     }
   }
+}
+
+__global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const SelectParams p) {
+  extern __shared__ __align__(128) uint8_t select_smem_raw[];
+  SelectSmem& smem = *reinterpret_cast<SelectSmem*>(select_smem_raw);
+  uint32_t* staged_keys = reinterpret_cast<uint32_t*>(select_smem_raw + StagedKeysOffset());
+  auto& s = smem.select;
+  const int cluster_size = static_cast<int>(cg::this_cluster().num_blocks());
+  const int cluster_rank = static_cast<int>(cg::this_cluster().block_rank());
+  const int64_t row = blockIdx.x / cluster_size;
+  const int tid = threadIdx.x;
+
+  const int64_t n = ClampedLength(p.seq_lens, row, p.max_pages);  // inputs: readable before the wait
+  if (!ScoresNeeded(n, p.topk, p.sorted)) {  // the same branch for every CTA of the cluster
+    if (cluster_rank == 0) WriteWholeRow(p, row, n, smem);
+    // Kernel 1 had nothing to do for this row, but this grid must not finish before it: stream
+    // order promises later work both kernels' completion.
+    WaitForPrecedingGrid();
+    return;
+  }
+  ResetClusterSelect(s);
+  const int64_t slice = SliceLength(n, cluster_size);
+  const int64_t begin = min(n, cluster_rank * slice);
+  const uint32_t m = static_cast<uint32_t>(min(n, begin + slice) - begin);
+  const bool staged = m <= p.staged_capacity;
+  const uint32_t* slice_keys = p.keys + row * p.row_stride + begin;
+  const int32_t* table = p.block_table + row * p.max_pages + begin / kPageTokens;
+  if (staged) {
+#pragma unroll 1
+    for (uint32_t i = tid; i < (m + kPageTokens - 1) / kPageTokens; i += kSelectThreads) smem.slice_pages[i] = table[i];
+    if (tid == 0) {
+      MbarInit(&smem.keys_landed, 1);
+      FenceBarrierInit();
+    }
+  }
+  __syncthreads();  // the barrier's init, slice_pages and the histogram's reset
+  WaitForPrecedingGrid();  // kernel 1's keys
+
+  // Whole 16-byte units: up to 3 keys past the slice, inside the row's last page of the
+  // workspace (kernel 1 writes them as kNotCandidate; the passes mask them anyway).
+  if (staged && m > 0 && tid == 0) {
+    const uint32_t bytes = (m + 3) / 4 * 16;
+    MbarArriveExpectTx(&smem.keys_landed, bytes);
+    BulkLoad(staged_keys, slice_keys, bytes, &smem.keys_landed);
+  }
+  // The stats read the slice from L2 while the copy lands: their load latency hides behind it.
+  SelectSlice(p, smem, row, n, begin, KeySpan{staged ? staged_keys : nullptr, slice_keys, m},
+              KeySpan{nullptr, slice_keys, m}, staged ? smem.slice_pages : table,
+              staged && m > 0 ? &smem.keys_landed : nullptr, cluster_size, cluster_rank);
 }
 
 }  // namespace ffi_dsa::sm90
