@@ -92,25 +92,6 @@ def test_big_batch_of_rows_up_to_16k_exact_ties(sorted_):
     assert_exact(run_dps(batch.to_torch("cuda"), sorted=sorted_), batch, sorted=sorted_)
 
 
-def test_one_kernel_path_setting_is_checked():
-    """FFI_DSA_FUSED=0 (the knob that sends every call to the two kernels, for A/B timing and tests)
-    accepts 0 or 1 only; anything else is a ValueError naming the variable."""
-    import os
-    import subprocess
-    import sys
-
-    code = ("import torch, ffi_dsa\n"
-            "from ffi_dsa.workloads import make_batch\n"
-            "out = torch.empty((1, 16), dtype=torch.int32, device='cuda')\n"
-            "try:\n"
-            "    ffi_dsa.call(*make_batch([100], seed=1).to_torch('cuda'), out)\n"
-            "except ValueError as e:\n"
-            "    print('VALUE_ERROR', e)\n")
-    env = dict(os.environ, FFI_DSA_FUSED="yes")
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert "VALUE_ERROR" in result.stdout and "FFI_DSA_FUSED" in result.stdout, result.stdout + result.stderr
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
 @pytest.mark.parametrize("lens", [[131072, 9000, 3], [600_000, 70_000, 0]], ids=["128K", "600K"])
@@ -208,10 +189,12 @@ def test_cpu_and_cuda_same_bytes_on_exact_data(sorted_):
     assert_exact(cuda, batch, sorted=sorted_)
 
 
-def test_bad_max_select_cluster_setting_is_a_clear_error():
-    """FFI_DSA_MAX_SELECT_CLUSTER (the testing knob for GPUs whose GPCs hold fewer SMs) accepts only
-    cluster sizes the kernel supports; anything else is a ValueError naming the variable, not a
-    silent default. (A fresh process: the setting is read once per device.)"""
+@pytest.mark.parametrize("variable, value", [("FFI_DSA_MAX_SELECT_CLUSTER", "3"), ("FFI_DSA_FUSED", "yes")])
+def test_bad_tuning_setting_is_a_clear_error(variable, value):
+    """The CUDA path's environment knobs accept only what the kernels support:
+    FFI_DSA_MAX_SELECT_CLUSTER (for GPUs whose GPCs hold fewer SMs) 1, 2, 4, 8 or 16; FFI_DSA_FUSED (the
+    one-kernel path on or off, for A/B timing and tests) 0 or 1. Anything else is a ValueError naming the
+    variable, not a silent default. (A fresh process: the settings are read once per device.)"""
     import os
     import subprocess
     import sys
@@ -223,6 +206,6 @@ def test_bad_max_select_cluster_setting_is_a_clear_error():
             "    ffi_dsa.call(*make_batch([100], seed=1).to_torch('cuda'), out)\n"
             "except ValueError as e:\n"
             "    print('VALUE_ERROR', e)\n")
-    env = dict(os.environ, FFI_DSA_MAX_SELECT_CLUSTER="3")
+    env = dict(os.environ, **{variable: value})
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert "VALUE_ERROR" in result.stdout and "FFI_DSA_MAX_SELECT_CLUSTER" in result.stdout, result.stdout + result.stderr
+    assert "VALUE_ERROR" in result.stdout and variable in result.stdout, result.stdout + result.stderr

@@ -141,22 +141,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
       const bool valid = row_pages[i] >= 0;  // uniform over the warpgroup
       float acc[32];
       float scale0 = 0.0f, scale1 = 0.0f;
-      if (valid) {
-#pragma unroll
-        for (int x = 0; x < 32; ++x) acc[x] = 0.0f;
-        FenceOperand(acc);
-        WgmmaFence();
-        const uint64_t desc_k = SmemDescSw128(ring.k_tiles[st]);
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 32; ++kk) {
-          WgmmaM64N64K32E4M3(acc, DescAdvance(desc_k, kk * 32), DescAdvance(desc_q, kk * 32), kk > 0);
-        }
-        WgmmaCommit();
-        scale0 = ring.scales[st][r0];  // overlaps the tensor-core work
-        scale1 = ring.scales[st][r0 + 8];
-        WgmmaWait<0>();
-        FenceOperand(acc);
-      }
+      if (valid) PageLogits(acc, ring.k_tiles[st], desc_q, ring.scales[st], r0, scale0, scale1);
       MbarArrive(&ring.empty[st]);  // this thread no longer reads the stage
       if (issuer && i + kFusedStages < pages) {
         MbarWait(&ring.empty[st], phase);  // every thread of the warpgroup released it

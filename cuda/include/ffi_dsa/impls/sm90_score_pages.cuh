@@ -135,6 +135,27 @@ __device__ __forceinline__ float TokenScore(const float (&acc)[32], int half, fl
   return score;
 }
 
+// The [64 tokens x 64 heads] FP8 product of one staged page with Q (4 x wgmma m64n64k32, both
+// operands K-major, 128B-swizzled), and this thread's two token scales (rows r0 and r0 + 8), read
+// while the tensor cores work. Every thread of the warpgroup calls it.
+__device__ __forceinline__ void PageLogits(float (&acc)[32], const uint8_t* k_tile, uint64_t desc_q,
+                                           const float* page_scales, int r0, float& scale0, float& scale1) {
+#pragma unroll
+  for (int x = 0; x < 32; ++x) acc[x] = 0.0f;
+  FenceOperand(acc);
+  WgmmaFence();
+  const uint64_t desc_k = SmemDescSw128(k_tile);
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 32; ++kk) {
+    WgmmaM64N64K32E4M3(acc, DescAdvance(desc_k, kk * 32), DescAdvance(desc_q, kk * 32), kk > 0);
+  }
+  WgmmaCommit();
+  scale0 = page_scales[r0];
+  scale1 = page_scales[r0 + 8];
+  WgmmaWait<0>();
+  FenceOperand(acc);
+}
+
 // First local page index >= i0 that belongs to `lane_of_four` (pages go round-robin by i % 4).
 __device__ __forceinline__ int FirstOwned(int i0, int lane_of_four) { return i0 + ((lane_of_four - i0 % 4) + 4) % 4; }
 
@@ -285,22 +306,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
         const bool valid = page >= 0 && page < p.num_pages;  // uniform over the warpgroup
         float acc[32];
         float scale0 = 0.0f, scale1 = 0.0f;
-        if (valid) {
-#pragma unroll
-          for (int x = 0; x < 32; ++x) acc[x] = 0.0f;
-          FenceOperand(acc);
-          WgmmaFence();
-          const uint64_t desc_k = SmemDescSw128(s.k_tiles[stage]);
-#pragma unroll
-          for (int kk = 0; kk < kHeadDim / 32; ++kk) {
-            WgmmaM64N64K32E4M3(acc, DescAdvance(desc_k, kk * 32), DescAdvance(desc_q, kk * 32), kk > 0);
-          }
-          WgmmaCommit();
-          scale0 = s.scales[stage][r0];  // overlaps the tensor-core work
-          scale1 = s.scales[stage][r0 + 8];
-          WgmmaWait<0>();
-          FenceOperand(acc);
-        }
+        if (valid) PageLogits(acc, s.k_tiles[stage], desc_q, s.scales[stage], r0, scale0, scale1);
         MbarArrive(&s.empty[stage]);  // this thread no longer reads the stage
         const int64_t t0 = int64_t(walk.page_begin + (i - i0)) * kPageTokens + r0, t1 = t0 + 8;
         uint32_t k0 = kNotCandidate, k1 = kNotCandidate;
