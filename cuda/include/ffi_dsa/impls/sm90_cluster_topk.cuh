@@ -67,6 +67,8 @@ constexpr int kMaxClusterRanks = 16;
 constexpr int kGatherCapacity = 2048;
 static_assert(kGatherCapacity % kSelectThreads == 0, "the gathered keys are copied a fixed count per thread");
 constexpr int kRankAllPairsMax = 256;  // gathered keys ranked by all-pairs counting up to this
+// Slices of at most this many tiles get their emit count table from the gather pass (below).
+constexpr uint32_t kCountedTiles = 16;
 constexpr int kSelectWarps = kSelectThreads / 32;
 static_assert(kGroups <= kSelectThreads && kGroupBuckets == 32 && kSelectWarps >= kBins && kBuckets == 4 * kSelectThreads,
               "thread roles");
@@ -160,9 +162,10 @@ struct ClusterSelectStorage {
   uint32_t bin_local[2][kBins];  // by pass parity: a pass never overwrites what a slower CTA still reads
   unsigned long long emit_totals;  // (greater, equal) counts of this CTA's slice
   // Local:
+  uint32_t gathered_pos[kGatherCapacity];  // slice position of each of this CTA's gathered keys
   uint32_t warp_sums[kSelectWarps];
   unsigned long long warp_sums64[kSelectWarps];
-  uint32_t chunk_offsets[kSelectThreads];  // emit: exclusive prefix of (tile, warp) counts
+  uint32_t chunk_offsets[kSelectThreads];  // emit: (tile, warp) counts, then their exclusive prefix
   SliceStats row_stats;
   uint32_t rank_counts[kMaxClusterRanks];
   unsigned long long rank_totals[kMaxClusterRanks];
@@ -354,11 +357,16 @@ struct RadixJob {
 };
 
 // The value-bucket fast path. Returns true with `th` set, or false with the radix search that
-// must finish the job. Ends with a barrier.
+// must finish the job. `counted`: the pass that gathered the K-th bucket also left the emit's
+// count table of a slice of at most kCountedTiles tiles in chunk_offsets: entry t * kSelectWarps
+// + w = (keys of tile t, warp w in buckets above the K-th) << 16, the packing of the emit's
+// (greater, equal) counts; the gathered keys (with their positions in gathered_pos) are all that
+// is left to count once the threshold is known (AddGatheredCounts). Ends with a barrier.
 __device__ bool BucketThreshold(ClusterSelectStorage& s, const KeySpan& slice, uint32_t topk, const SliceStats& row,
-                                int cluster_size, Threshold& th, RadixJob& job) {
+                                int cluster_size, Threshold& th, RadixJob& job, bool& counted) {
   const int tid = threadIdx.x;
   job = RadixJob{slice, topk, cluster_size, true};
+  counted = false;
   const float lo = KeyToScore(row.lo), range = KeyToScore(row.hi) - lo;
   if (!(range > 0.0f && range < __int_as_float(0x7F800000))) return false;  // all equal, or infinities
   // Monotone in the score, so monotone in the key: bucket order is rank order.
@@ -435,9 +443,35 @@ __device__ bool BucketThreshold(ClusterSelectStorage& s, const KeySpan& slice, u
     __syncthreads();
     return false;
   }
-  ForEachKey(slice, [&](uint32_t key) {
-    if (key > kNaNKey && bucket_of(key) == kth_bucket) s.gathered[atomicAdd(&s.gathered_count, 1u)] = key;
+  // Gather the bucket, and count every (tile, warp)'s keys above it: those win whatever the exact
+  // threshold inside the bucket turns out to be (buckets are monotone in the key), so the emit
+  // needs no counting pass of its own.
+  const uint32_t tiles = Tiles(slice);
+  const bool count_above = tiles <= kCountedTiles;
+  const int warp = tid / 32, lane = tid % 32;
+  ForEachQuad(slice, [&](uint32_t pos, const uint4& q) {
+    const uint32_t quad[4] = {q.x, q.y, q.z, q.w};
+    uint32_t above = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t key = quad[i];
+      if (key > kNaNKey) {
+        const int bucket = bucket_of(key);
+        above += bucket > kth_bucket;
+        if (bucket == kth_bucket) {
+          const uint32_t j = atomicAdd(&s.gathered_count, 1u);
+          s.gathered[j] = key;
+          s.gathered_pos[j] = pos + i;
+        }
+      }
+    }
+    if (count_above) {
+      above = WarpSum(above);
+      const uint32_t tile = pos / kTileKeys;
+      if (lane == 0 && tile < tiles) s.chunk_offsets[tile * kSelectWarps + warp] = above << 16;
+    }
   });
+  counted = count_above;
   // Every CTA copies the whole bucket (any order: only the rank-th key and its multiplicity
   // matter), then ranks it locally, identically in every CTA.
   uint32_t* united = s.gathered;
@@ -506,20 +540,33 @@ __device__ bool BucketThreshold(ClusterSelectStorage& s, const KeySpan& slice, u
 }
 
 // The row's threshold, given the row's stats (every CTA has the same). Call after
-// ResetClusterSelect and RowStats. Ends with a barrier.
+// ResetClusterSelect and RowStats. `counted`: see BucketThreshold. Ends with a barrier.
 __device__ Threshold ClusterThreshold(ClusterSelectStorage& s, const KeySpan& slice, uint32_t topk,
-                                      const SliceStats& row, int cluster_size) {
+                                      const SliceStats& row, int cluster_size, bool& counted) {
+  counted = false;
   if (row.numbers + row.nans <= topk) return kTakeAll;
   if (row.numbers < topk) return Threshold{kNaNKey, topk - row.numbers};  // every number, then NaNs by position
   Threshold th;
   RadixJob job;
-  if (BucketThreshold(s, slice, topk, row, cluster_size, th, job)) return th;
-  return RadixThreshold(s, job.span, job.topk, job.cluster_size, job.whole_row);
+  if (BucketThreshold(s, slice, topk, row, cluster_size, th, job, counted)) return th;
+  return RadixThreshold(s, job.span, job.topk, job.cluster_size, job.whole_row);  // (gathered or whole slice)
 }
 
 __device__ __forceinline__ bool Wins(uint32_t key, const Threshold& th) { return key > th.key; }
 __device__ __forceinline__ bool Ties(uint32_t key, const Threshold& th) {
   return key == th.key && key != kNotCandidate;  // a threshold of 0 (all -inf) must not take invalid tokens
+}
+
+// Completes a count table left by BucketThreshold (`counted`): the gathered keys' (greater,
+// equal) counts against the threshold, added to their (tile, warp) entries. Ends with a barrier.
+__device__ void AddGatheredCounts(ClusterSelectStorage& s, const Threshold& th) {
+#pragma unroll 1
+  for (uint32_t j = threadIdx.x; j < s.gathered_count; j += kSelectThreads) {
+    const uint32_t key = s.gathered[j], pos = s.gathered_pos[j];
+    const uint32_t entry = (pos / kTileKeys) * kSelectWarps + (pos % kTileKeys) / (kTileKeys / kSelectWarps);
+    atomicAdd(&s.chunk_offsets[entry], (uint32_t(Wins(key, th)) << 16) + uint32_t(Ties(key, th)));
+  }
+  __syncthreads();
 }
 
 __device__ void SortSelectedDescending(SortStorage& s, uint32_t selected) {

@@ -65,6 +65,7 @@ constexpr uint32_t kChunkTiles = 16;
 static_assert(kChunkTiles % kBatchTiles == 0, "a batch never spans two chunks");
 static_assert(kChunkTiles * kSelectWarps <= kSelectThreads, "one table entry per thread");
 static_assert(kChunkTiles * kTileKeys < 65536, "packed (greater, equal) counts of a chunk");
+static_assert(kCountedTiles == kChunkTiles, "a counted slice is one chunk");
 
 // A row that needs no scores (sm90_rows.cuh: ScoresNeeded), by one CTA: every token on a valid
 // page, in position order, then -1. At most K tokens, so at most 32 pages: one warp scans them.
@@ -113,7 +114,8 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
   SliceStats row_stats;
   if (select) row_stats = RowStats(s, stats_keys, cluster_size);
   if (landed != nullptr) MbarWait(landed, 0);
-  const Threshold th = select ? ClusterThreshold(s, keys, topk, row_stats, cluster_size) : kTakeAll;
+  bool counted = false;  // the emit's count table is (nearly) ready: BucketThreshold
+  const Threshold th = select ? ClusterThreshold(s, keys, topk, row_stats, cluster_size, counted) : kTakeAll;
 
   // ---- emit: winners by ascending position --------------------------------------------------
   // (greater-than-T, equal-to-T) counts of a quad, packed in one word.
@@ -121,9 +123,19 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
     auto one = [&](uint32_t key) { return (uint32_t(Wins(key, th)) << 16) + uint32_t(Ties(key, th)); };
     return one(q.x) + one(q.y) + one(q.z) + one(q.w);
   };
-  // The (tile, warp) counts of a chunk and their exclusive prefix, in chunk_offsets; returns the
+  // The exclusive prefix of a chunk's (tile, warp) counts in chunk_offsets, in place; returns the
   // chunk's total. Ends with a barrier.
   const int warp = tid / 32, lane = tid % 32;
+  auto prefix_table = [&](uint32_t chunk_tiles) {
+    uint32_t chunk_total;
+    const uint32_t offset =
+        BlockExclusiveSum(s, tid < chunk_tiles * kSelectWarps ? s.chunk_offsets[tid] : 0u, chunk_total);
+    s.chunk_offsets[tid] = offset;  // each thread its own entry: read above by this thread only
+    __syncthreads();
+    return chunk_total;
+  };
+  // The (tile, warp) counts of a chunk and their exclusive prefix, in chunk_offsets; returns the
+  // chunk's total. Ends with a barrier.
   auto chunk_table = [&](uint32_t chunk) {
     const uint32_t chunk_tiles = min(kChunkTiles, tiles - chunk);
 #pragma unroll 1
@@ -137,12 +149,7 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
       }
     }
     __syncthreads();
-    uint32_t chunk_total;
-    const uint32_t offset =
-        BlockExclusiveSum(s, tid < chunk_tiles * kSelectWarps ? s.chunk_offsets[tid] : 0u, chunk_total);
-    s.chunk_offsets[tid] = offset;  // each thread its own entry: read above by this thread only
-    __syncthreads();
-    return chunk_total;
+    return prefix_table(chunk_tiles);
   };
   // Pass 1: this CTA's totals (a slice of one chunk: its table, kept for the emit), then the lower
   // CTAs' totals.
@@ -150,7 +157,12 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
   uint32_t first_chunk_total = 0;
   unsigned long long cta_total;  // (greater << 32) | equal
   if (one_chunk) {
-    first_chunk_total = chunk_table(0);
+    if (counted) {  // the gather pass counted everything but the K-th bucket's keys
+      AddGatheredCounts(s, th);
+      first_chunk_total = prefix_table(tiles);
+    } else {
+      first_chunk_total = chunk_table(0);
+    }
     cta_total = (static_cast<unsigned long long>(first_chunk_total >> 16) << 32) | (first_chunk_total & 0xFFFFu);
   } else {
     unsigned long long mine = 0;
