@@ -36,6 +36,7 @@
 #include <cub/block/block_radix_sort.cuh>
 
 #include "ffi_dsa/contract.h"
+#include "ffi_dsa/impls/sm90_slice_stats.cuh"
 #include "ffi_dsa/rank_key.h"
 
 namespace ffi_dsa::sm90 {
@@ -134,12 +135,6 @@ __device__ __forceinline__ void ForEachKey(const KeySpan& span, F&& f) {
   });
 }
 
-// In the key domain (rank_key.h: monotone in the score), so that the warp reductions are single
-// redux.sync instructions instead of shuffle chains.
-struct SliceStats {
-  uint32_t lo, hi;  // smallest and largest key of the numbers (keys above kNaNKey)
-  uint32_t numbers, nans;
-};
 
 // Sorted output: words[0, selected) hold RankWord(key, position) of the winners; the rest of
 // the capacity is padded with 0 (sorts last). Afterwards words[r] is the r-th best.
@@ -244,25 +239,9 @@ __device__ __forceinline__ void ResetClusterSelect(ClusterSelectStorage& s) {
   if (threadIdx.x == 0) s.gathered_count = 0;
 }
 
-__device__ __forceinline__ SliceStats EmptyStats() { return SliceStats{UINT_MAX, 0u, 0u, 0u}; }
-
-// Combined over the 32 lanes of the warp (every lane gets the result).
-__device__ __forceinline__ SliceStats WarpStats(const SliceStats& st) {
-  return SliceStats{__reduce_min_sync(0xFFFFFFFFu, st.lo), __reduce_max_sync(0xFFFFFFFFu, st.hi),
-                    __reduce_add_sync(0xFFFFFFFFu, st.numbers), __reduce_add_sync(0xFFFFFFFFu, st.nans)};
-}
-
-// The row's stats, to every thread of every CTA: this thread's keys, block reduce, then
-// (cluster) sum over the CTAs.
-__device__ SliceStats RowStats(ClusterSelectStorage& s, const KeySpan& slice, int cluster_size) {
-  SliceStats st = EmptyStats();
-  ForEachKey(slice, [&](uint32_t key) {
-    const bool number = key > kNaNKey;
-    st.lo = min(st.lo, number ? key : UINT_MAX);
-    st.hi = max(st.hi, key);  // NaN and non-candidate keys lie below every number
-    st.numbers += number;
-    st.nans += key == kNaNKey;
-  });
+// The row's stats, to every thread of every CTA, from every thread's share (`st`: a part of this
+// CTA's slice, the parts disjoint): block reduce, then (cluster) sum over the CTAs.
+__device__ SliceStats RowStats(ClusterSelectStorage& s, SliceStats st, int cluster_size) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   st = WarpStats(st);
   if (lane == 0) s.warp_stats[warp] = st;

@@ -123,6 +123,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   // ---- score the row into shared memory ---------------------------------------------------
   const int warp = (tid % kWarpgroupThreads) / 32, lane = tid % 32;
   const int r0 = 16 * warp + lane / 4;  // wgmma m64nN accumulator rows r0 and r0 + 8
+  SliceStats thread_stats = EmptyStats();  // this thread's share of the row's stats, gathered while scoring
   if (wg < pages) {
     float w[16];
     const float* wrow = fp.weights + row * kNumHeads + 2 * (lane % 4);
@@ -153,18 +154,22 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
         k0 = ScoreToKey(TokenScore(acc, 0, scale0, w));
         k1 = ScoreToKey(TokenScore(acc, 2, scale1, w));
       }
-      if (lane % 4 == 0) {
+      if (lane % 4 == 0) {  // (the quad's four lanes hold the same two keys)
         const uint32_t t0 = uint32_t(i) * kPageTokens + r0, t1 = t0 + 8;
-        if (t0 < written) row_keys[t0] = t0 < m ? k0 : kNotCandidate;
-        if (t1 < written) row_keys[t1] = t1 < m ? k1 : kNotCandidate;
+        if (t0 >= m) k0 = kNotCandidate;
+        if (t1 >= m) k1 = kNotCandidate;
+        AddKey(thread_stats, k0);
+        AddKey(thread_stats, k1);
+        if (t0 < written) row_keys[t0] = k0;
+        if (t1 < written) row_keys[t1] = k1;
       }
     }
   }
   __syncthreads();  // the row's keys are in shared memory
 
   const KeySpan keys{row_keys, nullptr, m};
-  SelectSlice(p, smem.select, row, n, /*begin=*/0, keys, keys, row_pages, /*landed=*/nullptr, /*cluster_size=*/1,
-              /*cluster_rank=*/0);
+  SelectSlice(p, smem.select, row, n, /*begin=*/0, keys, thread_stats, row_pages, /*landed=*/nullptr,
+              /*cluster_size=*/1, /*cluster_rank=*/0);
 }
 
 }  // namespace ffi_dsa::sm90

@@ -99,11 +99,12 @@ __device__ void WriteWholeRow(const SelectParams& p, int64_t row, int64_t n, Sel
 
 // The exact top-K of row `row` (n tokens), from this CTA's slice of it: keys [begin, begin + m)
 // of the row in `keys`, the slice's page ids in `pages`. Every CTA of the row's cluster calls it
-// with its own slice. The row stats are computed from `stats_keys` (the same keys, possibly where
-// they are still being copied from) before waiting on `landed` (the copy's mbarrier, or null).
+// with its own slice. `thread_stats`: this thread's share of the slice's stats (the shares of a
+// CTA's threads disjoint, together the whole slice); they are combined before waiting on `landed`
+// (the mbarrier of the keys' copy into shared memory, or null).
 __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& smem, int64_t row, int64_t n, int64_t begin,
-                                            const KeySpan& keys, const KeySpan& stats_keys, const int32_t* pages, uint64_t* landed,
-                                            int cluster_size, int cluster_rank) {
+                                            const KeySpan& keys, const SliceStats& thread_stats, const int32_t* pages,
+                                            uint64_t* landed, int cluster_size, int cluster_rank) {
   auto& s = smem.select;
   const int tid = threadIdx.x;
   const uint32_t topk = static_cast<uint32_t>(p.topk);
@@ -112,7 +113,7 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
   // Otherwise (sorted and at most K tokens) every valid token wins: no statistics needed.
   const bool select = n > int64_t(topk);
   SliceStats row_stats;
-  if (select) row_stats = RowStats(s, stats_keys, cluster_size);
+  if (select) row_stats = RowStats(s, thread_stats, cluster_size);
   if (landed != nullptr) MbarWait(landed, 0);
   bool counted = false;  // the emit's count table is (nearly) ready: BucketThreshold
   const Threshold th = select ? ClusterThreshold(s, keys, topk, row_stats, cluster_size, counted) : kTakeAll;
@@ -310,10 +311,13 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
     MbarArriveExpectTx(&smem.keys_landed, bytes);
     BulkLoad(staged_keys, slice_keys, bytes, &smem.keys_landed);
   }
-  // The stats read the slice from L2 while the copy lands: their load latency hides behind it.
-  SelectSlice(p, smem, row, n, begin, KeySpan{staged ? staged_keys : nullptr, slice_keys, m},
-              KeySpan{nullptr, slice_keys, m}, staged ? smem.slice_pages : table,
-              staged && m > 0 ? &smem.keys_landed : nullptr, cluster_size, cluster_rank);
+  // This thread's share of the stats, read from L2 while the copy lands: the load latency hides
+  // behind it.
+  SliceStats thread_stats = EmptyStats();
+  ForEachKey(KeySpan{nullptr, slice_keys, m}, [&](uint32_t key) { AddKey(thread_stats, key); });
+  SelectSlice(p, smem, row, n, begin, KeySpan{staged ? staged_keys : nullptr, slice_keys, m}, thread_stats,
+              staged ? smem.slice_pages : table, staged && m > 0 ? &smem.keys_landed : nullptr, cluster_size,
+              cluster_rank);
 }
 
 }  // namespace ffi_dsa::sm90
