@@ -19,8 +19,10 @@ from conftest import (
     assert_all_written,
     assert_exact,
     assert_valid_topk,
+    fp8_bytes,
     make_exact_batch,
     poisoned,
+    row_ids,
     run_dps,
     set_token,
 )
@@ -90,6 +92,51 @@ def test_big_batch_of_rows_up_to_16k_exact_ties(sorted_):
     lens[:6] = [0, 1, 2047, 2048, 2049, 16384]
     batch = make_exact_batch(lens, seed=121, q_values=(0, 1), k_values=(0, 1), w_values=(1,), active_dims=4)
     assert_exact(run_dps(batch.to_torch("cuda"), sorted=sorted_), batch, sorted=sorted_)
+
+
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+def test_big_batch_of_rows_up_to_16k_special_values(sorted_):
+    """The one-kernel path on the special values the small-batch tests give the two kernels: a row of
+    equal scores, a row mostly NaN (fewer numbers than K), a NaN row, +inf ties, -inf below every
+    number and NaN below -inf, exact ties everywhere else; byte-exact against the reference."""
+    rows = _one_kernel_batch_size()
+    lens = np.random.default_rng(122).integers(2049, 6000, size=rows)
+    lens[:8] = [3000, 3000, 2500, 4000, 4000, 16384, 2048, 0]
+    batch = make_exact_batch(lens, seed=122, q_values=(0, 1), k_values=(0, 1), w_values=(1,), active_dims=4)
+    rng = np.random.default_rng(123)
+
+    batch.weights[0, :] = 0.0                    # relu(logit) * 0: every score 0, the first K positions win
+    for t in rng.choice(3000, size=2400, replace=False):   # 600 numbers for K = 2048 places
+        set_token(batch, 1, int(t), scale=float("nan"))
+    batch.weights[2, 9] = np.nan                 # the whole row NaN: its first K positions
+    big = sorted(rng.choice(np.arange(100, 4000), size=40, replace=False).tolist())
+    batch.q[3:5] = fp8_bytes(np.ones((2, 64, 128)))  # no zero q byte: an inf key dim meets no 0 (NaN)
+    for t in big:                                # an inf scale on an all-ones key: +inf, tied by position
+        set_token(batch, 3, t, key=1.0, scale=float("inf"))
+    batch.weights[4, :] = -1.0                   # scores <= 0; the same inf tokens give -inf
+    for t in big:
+        set_token(batch, 4, t, key=1.0, scale=float("inf"))
+    set_token(batch, 4, 17, scale=float("nan"))
+
+    scores = ffi_dsa.reference_scores(*batch.args())
+    assert (scores[0].scores == 0).all() and np.isnan(scores[2].scores).all()
+    assert np.isnan(scores[1].scores).sum() == 2400
+    assert np.isposinf(scores[3].scores[big]).all() and np.isneginf(scores[4].scores[big]).all()
+    out = run_dps(batch.to_torch("cuda"), sorted=sorted_)
+    assert out[0].tolist() == row_ids(batch, 0, range(DEFAULT_K))
+    assert set(row_ids(batch, 3, big)) <= set(out[3].tolist())
+    assert_exact(out, batch, sorted=sorted_)
+
+
+def test_big_batch_of_rows_empty_page_pool():
+    """The one-kernel path with num_pages == 0: every page id is invalid, every row all -1."""
+    rows = _one_kernel_batch_size()
+    batch = make_batch(np.full(rows, 3000), seed=124)
+    q, _, w, lens, table = batch.to_torch("cuda")
+    empty_cache = torch.empty((0, 64, 1, 132), dtype=torch.int8, device="cuda")
+    for sorted_ in (False, True):
+        out = run_dps((q, empty_cache, w, lens, table), sorted=sorted_)
+        assert (out == -1).all()
 
 
 @pytest.mark.slow

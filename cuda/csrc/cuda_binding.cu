@@ -12,6 +12,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <string>
 
@@ -97,10 +98,10 @@ const DeviceInfo& GetDeviceInfo(int device) {
       // The kernels have fixed shared-memory footprints: check them once per device, not per call.
       const size_t select_bytes = sm90::SelectSmemBytes(sm90::kMaxStagedKeys);
       const size_t fused_bytes = sm90::FusedSmemBytes(sm90::kFusedMaxRowTokens);
-      if (std::max({sm90::ScoreSmemBytes(), select_bytes, fused_bytes}) > info.max_smem_optin) {
-        TVM_FFI_THROW(RuntimeError) << "internal: the kernels need " << sm90::ScoreSmemBytes() << ", "
-                                    << select_bytes << " and " << fused_bytes << " B of shared memory, device "
-                                    << device << " allows " << info.max_smem_optin;
+      if (std::max(sm90::ScoreSmemBytes(), select_bytes) > info.max_smem_optin) {
+        TVM_FFI_THROW(RuntimeError) << "internal: the kernels need " << sm90::ScoreSmemBytes() << " and "
+                                    << select_bytes << " B of shared memory, device " << device << " allows "
+                                    << info.max_smem_optin;
       }
       TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(sm90::ScorePagesKernel,
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
@@ -111,7 +112,9 @@ const DeviceInfo& GetDeviceInfo(int device) {
       TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(sm90::FusedRowsKernel,
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
       info.max_select_cluster = LargestSelectCluster();
-      info.fused = FusedKernelEnabled();
+      // The one-kernel path is an optimization: a device that cannot hold its footprint runs the
+      // two-kernel path, which gives the same bytes.
+      info.fused = FusedKernelEnabled() && fused_bytes <= info.max_smem_optin;
     }
     infos[device] = info;
   });
@@ -202,6 +205,11 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
                               << "(TMA and vector loads); got a view at an odd offset";
   }
   if (a.batch == 0 || a.topk == 0) return;
+  // TMA box coordinates are int32: row * 64 heads must fit (a batch this large would need 274 GB of q).
+  if (a.batch > std::numeric_limits<int32_t>::max() / ffi_dsa::kNumHeads) {
+    TVM_FFI_THROW(ValueError) << "batch " << a.batch << " exceeds the CUDA kernel's limit of "
+                              << std::numeric_limits<int32_t>::max() / ffi_dsa::kNumHeads << " rows";
+  }
   const int device = a.device.device_id;
   tvm::ffi::CUDADeviceGuard guard(device);
   const DeviceInfo& info = GetDeviceInfo(device);

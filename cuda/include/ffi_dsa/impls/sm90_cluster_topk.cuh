@@ -351,7 +351,11 @@ __device__ bool BucketThreshold(ClusterSelectStorage& s, const KeySpan& slice, u
   // Monotone in the score, so monotone in the key: bucket order is rank order.
   const float per_unit = static_cast<float>(kBuckets) / range;
   if (!(per_unit < __int_as_float(0x7F800000))) return false;  // a range so small that 2048 / range overflows
-  auto bucket_of = [&](uint32_t key) { return min(kBuckets - 1, static_cast<int>((KeyToScore(key) - lo) * per_unit)); };
+  // Every key lies in [row.lo, row.hi]; the clamp below 0 is insurance should stats and keys
+  // ever disagree (an index below the histogram would corrupt shared memory silently).
+  auto bucket_of = [&](uint32_t key) {
+    return min(kBuckets - 1, max(0, static_cast<int>((KeyToScore(key) - lo) * per_unit)));
+  };
 
   ForEachKey(slice, [&](uint32_t key) {
     if (key > kNaNKey) atomicAdd(&s.hist[bucket_of(key)], 1u);

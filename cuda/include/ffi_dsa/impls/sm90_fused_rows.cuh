@@ -39,7 +39,7 @@ constexpr int kFusedThreads = kSelectThreads;
 static_assert(kFusedThreads == kMathWarpgroups * kWarpgroupThreads, "every thread scores, then selects");
 // Two stages per warpgroup: one page computed while the next is in flight.
 constexpr int kFusedStages = 2 * kMathWarpgroups;
-// Longest row a CTA scores and stages (64 KB of keys; ~210 KB of shared memory in all).
+// Longest row a CTA scores and stages (64 KB of keys; 218,112 B = 213 KB of shared memory in all).
 constexpr uint32_t kFusedMaxRowTokens = 16384;
 static_assert(kFusedMaxRowTokens / kPageTokens <= kMaxStagedPages, "the row's page ids in SelectSmem");
 

@@ -312,9 +312,9 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
     BulkLoad(staged_keys, slice_keys, bytes, &smem.keys_landed);
   }
   // This thread's share of the stats, read from L2 while the copy lands: the load latency hides
-  // behind it.
+  // behind it. A row of at most K tokens is only sorted: no stats, no extra pass over its keys.
   SliceStats thread_stats = EmptyStats();
-  ForEachKey(KeySpan{nullptr, slice_keys, m}, [&](uint32_t key) { AddKey(thread_stats, key); });
+  if (n > p.topk) ForEachKey(KeySpan{nullptr, slice_keys, m}, [&](uint32_t key) { AddKey(thread_stats, key); });
   SelectSlice(p, smem, row, n, begin, KeySpan{staged ? staged_keys : nullptr, slice_keys, m}, thread_stats,
               staged ? smem.slice_pages : table, staged && m > 0 ? &smem.keys_landed : nullptr, cluster_size,
               cluster_rank);

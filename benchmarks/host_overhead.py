@@ -1,0 +1,101 @@
+"""Where an eager call's host time goes, layer by layer.
+
+    python benchmarks/host_overhead.py [--device cuda|cpu] [--calls 1500]
+
+bench_gpu.py's "eager" column brackets each `ffi_dsa.call` with two CUDA events: when the host is
+slower than the GPU, that number is host time plus the event records themselves. This script
+separates the layers, each as the median host time of one call (time.perf_counter_ns around the
+call; the stream is synchronized every few calls so the launch queue never fills and blocks) and,
+on CUDA, as the same event-bracketed time bench_gpu reports:
+
+  torch x.add_(1)          one small torch op: what any eager op costs on this host
+  event.record()           one CUDA event record (bench_gpu's eager bracket records two)
+  exported fn, B=0         the tvm-ffi call, 6 DLPack conversions and the argument checks; no launch
+  exported fn, <shape>     + workspace, tensor maps and the launches of that shape
+  ffi_dsa.call, <shape>    + the Python layer (device dispatch, numpy fixes)
+
+Shapes (CUDA only): C2 (1 x 1500 tokens: the select kernel alone), W1 (1 x 8K: two kernels), W3
+(16 x 4K). On the CPU only the layers without computation are timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import ffi_dsa  # noqa: E402
+from ffi_dsa import _ffi_api  # noqa: E402
+from ffi_dsa.workloads import make_batch  # noqa: E402
+
+SHAPES = {"C2": [1500], "W1": [8192], "W3": [4096] * 16}
+
+
+def host_us(fn, calls: int, sync, sync_every: int = 40) -> float:
+    times = []
+    for i in range(calls):
+        start = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - start)
+        if i % sync_every == 0:
+            sync()
+    sync()
+    return statistics.median(times[calls // 10:]) / 1e3
+
+
+def event_us(fn, calls: int) -> float:
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+    torch.cuda.synchronize()
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events[calls // 10:])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
+    parser.add_argument("--calls", type=int, default=1500)
+    a = parser.parse_args()
+    cuda = a.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    fn = _ffi_api.topk_indexer_for(a.device)
+    probes: dict[str, object] = {}
+    x = torch.zeros(16, device=a.device)
+    probes["torch x.add_(1)"] = lambda: x.add_(1)
+    if cuda:
+        event = torch.cuda.Event()
+        probes["event.record()"] = event.record
+    shapes = {name: (make_batch(lens, seed=1).to_torch(a.device),
+                     torch.empty((len(lens), 2048), dtype=torch.int32, device=a.device))
+              for name, lens in SHAPES.items()}
+    w1_args, w1_out = shapes["W1"]
+    empty = [t[:0] for t in (*w1_args, w1_out)]  # sliced once: a torch slice costs as much as the call
+    probes["exported fn, B=0 (call + DLPack + checks)"] = lambda: fn(*empty, False)
+    for name, (args, out) in shapes.items() if cuda else ():  # on the CPU the computation swamps the rest
+        probes[f"exported fn, {name}"] = lambda args=args, out=out: fn(*args, out, False)
+        probes[f"ffi_dsa.call, {name}"] = lambda args=args, out=out: ffi_dsa.call(*args, out)
+
+    where = torch.cuda.get_device_name(0) if cuda else "CPU"
+    print(f"host overhead per eager call on {where} ({a.calls} calls each, median µs)")
+    print(f"{'what':46s} {'host':>8s} {'events':>8s}")
+    for name, probe in probes.items():
+        probe()
+        sync()
+        host = host_us(probe, a.calls, sync)
+        ev = f"{event_us(probe, min(a.calls, 300)):8.2f}" if cuda else f"{'-':>8s}"
+        print(f"{name:46s} {host:8.2f} {ev}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
