@@ -49,6 +49,23 @@ def device(request) -> str:
     return request.param
 
 
+@pytest.fixture(autouse=True)
+def _restore_current_cuda_device():
+    """Each test starts on the CUDA device the session started on. JAX moves the CUDA runtime's
+    current device behind torch's back (measured on a 2-GPU H200 machine: `jax.devices("gpu")` leaves
+    GPU 1 current, a later JAX op GPU 0). Without this, torch's "cuda" would mean different GPUs in
+    different tests, while torch.cuda.graph keeps capturing on a stream made on the GPU of the
+    first capture: a graph test then captures nothing. (That the op itself never changes the current
+    device is asserted in test_cuda.py::test_second_gpu_while_the_first_is_current.)"""
+    if not CUDA:
+        yield
+        return
+    before = torch.cuda.current_device()
+    yield
+    if torch.cuda.current_device() != before:
+        torch.cuda.set_device(before)
+
+
 # ----------------------------------------------------------------------------------------------
 # Outputs: poison, run, check that everything was written.
 # ----------------------------------------------------------------------------------------------

@@ -236,6 +236,69 @@ def test_cpu_and_cuda_same_bytes_on_exact_data(sorted_):
     assert_exact(cuda, batch, sorted=sorted_)
 
 
+# ----------------------------------------------------------------------------------------------
+# Several GPUs in one process (skipped on a machine with one GPU)
+# ----------------------------------------------------------------------------------------------
+
+needs_two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                                    reason="needs two GPUs")
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("path", ["two_kernels", "one_kernel"])
+def test_second_gpu_while_the_first_is_current(path):
+    """Tensors on cuda:1 while cuda:0 is current: the op runs on the tensors' device (its stream, its
+    allocator, its kernel attributes), gives the exact answer, and leaves cuda:0 current."""
+    if path == "two_kernels":
+        lens = [9000, 3000, 2049, 1, 0]
+    else:
+        lens = np.random.default_rng(131).integers(0, 8000, size=_one_kernel_batch_size())
+    batch = make_exact_batch(lens, seed=131, q_values=(0, 1), k_values=(0, 1), w_values=(1,), active_dims=4)
+    with torch.cuda.device(0):
+        for sorted_ in (False, True):
+            out = run_dps(batch.to_torch("cuda:1"), sorted=sorted_)
+            assert torch.cuda.current_device() == 0
+            assert_exact(out, batch, sorted=sorted_)
+        allocated = ffi_dsa.topk_indexer(*batch.to_torch("cuda:1"))
+    assert allocated.device == torch.device("cuda:1")
+    assert_exact(allocated.cpu().numpy(), batch)
+
+
+@needs_two_gpus
+def test_two_gpus_in_turn_on_side_streams_give_the_same_bytes():
+    """Both GPUs of one process, called alternately, each on a side stream of its own device: every
+    call gives the same bytes (identical GPUs, deterministic kernels)."""
+    batch = make_batch([30000, 5000, 100, 2048], seed=132)
+    args = {d: batch.to_torch(f"cuda:{d}") for d in (0, 1)}
+    outs = []
+    for _ in range(2):
+        for d in (0, 1):
+            with torch.cuda.device(d):
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    out = poisoned((4, DEFAULT_K), f"cuda:{d}")
+                    ffi_dsa.call(*args[d], out)
+                outs.append(out)
+    for d in (0, 1):
+        torch.cuda.synchronize(d)
+    first = outs[0].cpu().numpy()
+    assert_all_written(first)
+    assert_valid_topk(first, batch)
+    for out in outs[1:]:
+        assert np.array_equal(out.cpu().numpy(), first)
+
+
+@needs_two_gpus
+def test_arguments_on_two_gpus_are_a_clear_error():
+    """An output on another GPU than the inputs is a ValueError naming it; nothing is written."""
+    batch = make_batch([300], seed=133)
+    out = poisoned((1, DEFAULT_K), "cuda:1")
+    with pytest.raises(ValueError, match="topk_indices is on device .* every argument must be on one device"):
+        ffi_dsa.call(*batch.to_torch("cuda:0"), out)
+    assert (out.cpu().numpy() == SENTINEL).all()
+
+
 @pytest.mark.parametrize("variable, value", [("FFI_DSA_MAX_SELECT_CLUSTER", "3"), ("FFI_DSA_FUSED", "yes")])
 def test_bad_tuning_setting_is_a_clear_error(variable, value):
     """The CUDA path's environment knobs accept only what the kernels support:
