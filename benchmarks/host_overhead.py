@@ -28,9 +28,11 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ffi_dsa  # noqa: E402
+from bench_gpu import Clock  # noqa: E402
 from ffi_dsa import _ffi_api  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
 
@@ -49,17 +51,6 @@ def host_us(fn, calls: int, sync, sync_every: int = 40) -> float:
     return statistics.median(times[calls // 10:]) / 1e3
 
 
-def event_us(fn, calls: int) -> float:
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
-    torch.cuda.synchronize()
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events[calls // 10:])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
@@ -75,13 +66,14 @@ def main() -> int:
     if cuda:
         event = torch.cuda.Event()
         probes["event.record()"] = event.record
-    shapes = {name: (make_batch(lens, seed=1).to_torch(a.device),
-                     torch.empty((len(lens), 2048), dtype=torch.int32, device=a.device))
-              for name, lens in SHAPES.items()}
-    w1_args, w1_out = shapes["W1"]
-    empty = [t[:0] for t in (*w1_args, w1_out)]  # sliced once: a torch slice costs as much as the call
-    probes["exported fn, B=0 (call + DLPack + checks)"] = lambda: fn(*empty, False)
-    for name, (args, out) in shapes.items() if cuda else ():  # on the CPU the computation swamps the rest
+    # sliced once, outside the timed call: a torch slice costs as much as the call
+    empty = [t[:0] for t in make_batch([64], seed=1).to_torch(a.device)]
+    out0 = torch.empty((0, 2048), dtype=torch.int32, device=a.device)
+    probes["exported fn, B=0 (call + DLPack + checks)"] = lambda: fn(*empty, out0, False)
+    # the shapes only on CUDA: on the CPU the computation swamps the rest
+    for name, lens in SHAPES.items() if cuda else ():
+        args = make_batch(lens, seed=1).to_torch(a.device)
+        out = torch.empty((len(lens), 2048), dtype=torch.int32, device=a.device)
         probes[f"exported fn, {name}"] = lambda args=args, out=out: fn(*args, out, False)
         probes[f"ffi_dsa.call, {name}"] = lambda args=args, out=out: ffi_dsa.call(*args, out)
 
@@ -92,7 +84,10 @@ def main() -> int:
         probe()
         sync()
         host = host_us(probe, a.calls, sync)
-        ev = f"{event_us(probe, min(a.calls, 300)):8.2f}" if cuda else f"{'-':>8s}"
+        # bench_gpu's eager method: each call between two CUDA events
+        ev = f"{'-':>8s}"
+        if cuda:
+            ev = f"{statistics.median(Clock('cuda').time_each([probe] * min(a.calls, 300))) * 1e6:8.2f}"
         print(f"{name:46s} {host:8.2f} {ev}", flush=True)
     return 0
 

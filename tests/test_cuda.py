@@ -128,17 +128,6 @@ def test_big_batch_of_rows_up_to_16k_special_values(sorted_):
     assert_exact(out, batch, sorted=sorted_)
 
 
-def test_big_batch_of_rows_empty_page_pool():
-    """The one-kernel path with num_pages == 0: every page id is invalid, every row all -1."""
-    rows = _one_kernel_batch_size()
-    batch = make_batch(np.full(rows, 3000), seed=124)
-    q, _, w, lens, table = batch.to_torch("cuda")
-    empty_cache = torch.empty((0, 64, 1, 132), dtype=torch.int8, device="cuda")
-    for sorted_ in (False, True):
-        out = run_dps((q, empty_cache, w, lens, table), sorted=sorted_)
-        assert (out == -1).all()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
 @pytest.mark.parametrize("lens", [[131072, 9000, 3], [600_000, 70_000, 0]], ids=["128K", "600K"])

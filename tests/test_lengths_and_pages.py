@@ -223,13 +223,16 @@ def test_row_with_only_invalid_pages_is_all_minus_one(device):
     assert (out[1] == -1).all() and (out[0] >= 0).all()
 
 
-def test_empty_page_pool_every_page_id_is_invalid(device):
-    """num_pages == 0: every page id is invalid, so every row is all -1 (no read of the empty cache)."""
-    batch = make_batch([100, 64], seed=54)
-    q, _, w, lens, table = batch.to_torch(device)
+@pytest.mark.parametrize("lens, topk", [([100, 64], 32), ([3000] * 256, 2048)], ids=["two_rows", "256_rows"])
+def test_empty_page_pool_every_page_id_is_invalid(device, lens, topk):
+    """num_pages == 0: every page id is invalid, so every row is all -1 (no read of the empty cache).
+    256 rows of 3000 tokens take the one-kernel path on CUDA (>= 0.7 x SMs, table <= 16K tokens)."""
+    batch = make_batch(lens, seed=54)
+    q, _, w, seq_lens, table = batch.to_torch(device)
     empty_cache = torch.empty((0, 64, 1, 132), dtype=torch.int8, device=device)
-    out = run_dps((q, empty_cache, w, lens, table), topk=32)
-    assert (out == -1).all()
+    for sorted_ in (False, True):
+        out = run_dps((q, empty_cache, w, seq_lens, table), topk=topk, sorted=sorted_)
+        assert (out == -1).all()
 
 
 def test_page_shared_by_two_positions_of_different_rows(device):
