@@ -95,6 +95,24 @@ def test_ties_in_sorted_mode_keep_ascending_position(device, seed):
     assert_exact(out, batch, topk=64, sorted=True)
 
 
+def _set_units(batch, t, units):
+    """Token t of row 0 gets a key of `units` ones: its score grows with `units` (0: score 0)."""
+    key = np.zeros(128, np.float32)
+    key[:units] = 1.0
+    set_token(batch, 0, t, key=key)
+
+
+def _assert_row_top_k(device, batch, k, best_first):
+    """Row 0's top K is `best_first` (positions, best score first, equal scores by position): as
+    ids in position order, in sorted order, and exactly against the reference."""
+    out = run_dps(batch.to_torch(device), topk=k)
+    assert out[0].tolist() == row_ids(batch, 0, sorted(best_first))
+    out_sorted = run_dps(batch.to_torch(device), topk=k, sorted=True)
+    assert out_sorted[0].tolist() == row_ids(batch, 0, best_first)
+    assert_exact(out, batch, topk=k)
+    assert_exact(out_sorted, batch, topk=k, sorted=True)
+
+
 def test_constructed_tie_block_straddling_kth_place(device):
     """10 distinct winners, then 190 tokens with one equal score: K = 16 takes the 6 tied tokens with
     the smallest positions (not the smallest ids: pages are shuffled)."""
@@ -104,18 +122,28 @@ def test_constructed_tie_block_straddling_kth_place(device):
         set_token(batch, 0, t, key=0.0)           # logits 0: score 0 for every token ...
     winners = [190, 5, 77, 64, 131, 9, 150, 33, 100, 199]
     for rank, t in enumerate(winners):            # ... except 10 winners with distinct positive scores
-        key = np.zeros(128, np.float32)
-        key[: rank + 1] = 1.0
-        set_token(batch, 0, t, key=key)
+        _set_units(batch, t, rank + 1)
     tied = [t for t in range(n) if t not in winners][: k - len(winners)]
     assert tied == [0, 1, 2, 3, 4, 6]
+    _assert_row_top_k(device, batch, k, winners[::-1] + tied)
 
-    out = run_dps(batch.to_torch(device), topk=k)
-    assert out[0].tolist() == row_ids(batch, 0, sorted(winners + tied))
-    out_sorted = run_dps(batch.to_torch(device), topk=k, sorted=True)
-    assert out_sorted[0].tolist() == row_ids(batch, 0, winners[::-1] + tied)
-    assert_exact(out, batch, topk=k)
-    assert_exact(out_sorted, batch, topk=k, sorted=True)
+
+@pytest.mark.parametrize("copies", [2, 3], ids=["k_takes_every_copy", "k_splits_the_copies"])
+def test_kth_score_held_by_several_tokens(device, copies):
+    """14 distinct winners, then one score held by `copies` tokens, then lower scores; K = 16 takes
+    2 of the copies: with 2 copies every one of them (the CUDA select then takes every key >= the
+    K-th as a winner, without ranking ties), with 3 the two with the smallest positions."""
+    n, k = 300, 16
+    batch = make_exact_batch([n], seed=27, q_values=(1,), w_values=(1,))
+    positions = [int(t) for t in np.random.default_rng(27).permutation(n)]
+    winners, tied, lower = positions[:14], positions[14:14 + copies], positions[14 + copies:100]
+    units = {t: 0 for t in range(n)}
+    units.update({t: 3 + rank for rank, t in enumerate(winners)})
+    units.update({t: 2 for t in tied})
+    units.update({t: 1 for t in lower})
+    for t, m in units.items():
+        _set_units(batch, t, m)
+    _assert_row_top_k(device, batch, k, winners[::-1] + sorted(tied)[: k - len(winners)])
 
 
 def test_ties_are_broken_by_position_not_by_global_id(device):

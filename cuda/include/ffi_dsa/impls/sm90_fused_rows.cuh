@@ -39,7 +39,7 @@ constexpr int kFusedThreads = kSelectThreads;
 static_assert(kFusedThreads == kMathWarpgroups * kWarpgroupThreads, "every thread scores, then selects");
 // Two stages per warpgroup: one page computed while the next is in flight.
 constexpr int kFusedStages = 2 * kMathWarpgroups;
-// Longest row a CTA scores and stages (64 KB of keys; 218,112 B = 213 KB of shared memory in all).
+// Longest row a CTA scores and stages (64 KB of keys; 216,064 B = 211 KB of shared memory in all).
 constexpr uint32_t kFusedMaxRowTokens = 16384;
 static_assert(kFusedMaxRowTokens / kPageTokens <= kMaxStagedPages, "the row's page ids in SelectSmem");
 
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     FusedRowsKernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap q_map,
                     const FusedParams fp) {
   extern __shared__ uint8_t fused_smem_raw[];
-  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(fused_smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* base = AlignedSmem<1024>(fused_smem_raw);
   FusedSmem& smem = *reinterpret_cast<FusedSmem*>(base);
   FusedRing& ring = smem.ring;
   uint32_t* row_keys = reinterpret_cast<uint32_t*>(base + FusedKeysOffset());

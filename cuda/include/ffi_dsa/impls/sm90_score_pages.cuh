@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     ScorePagesKernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap q_map,
                      const ScoreParams p) {
   extern __shared__ uint8_t smem_raw[];
-  ScoreSmem& s = *reinterpret_cast<ScoreSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  ScoreSmem& s = *reinterpret_cast<ScoreSmem*>(AlignedSmem<1024>(smem_raw));
   const int tid = threadIdx.x;
   // The select kernel's CTAs may be placed now; they wait for this grid before reading keys.
   AllowDependentLaunch();
