@@ -69,6 +69,12 @@ __device__ __forceinline__ void BulkLoad(void* dst, const void* src, uint32_t by
       "l"(src), "r"(bytes), "r"(SmemAddr(bar))
       : "memory");
 }
+// Asks L2 for the 128-byte line holding `address` (no register result, no fault semantics needed:
+// callers pass addresses inside the buffer).
+__device__ __forceinline__ void PrefetchL2(const void* address) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
+}
+
 __device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
