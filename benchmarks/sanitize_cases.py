@@ -62,6 +62,11 @@ def cases():
     yield "132 rows <= 8K (one kernel, one CTA per row)", big, False
     yield "132 rows <= 8K, sorted=True", big, True
 
+    lens = np.random.default_rng(20).integers(0, 300, size=700)  # more rows than one 640-row prefix tile
+    lens[[5, 639, 641, 699]] = [2049, 3000, 2500, 4100]
+    lens[650] = 17000  # a table wider than the one kernel's 16K tokens: the two kernels
+    yield "700 rows, scored rows past the 640-row prefix tile, sorted", make_batch(lens, seed=20), True
+
     yield "B=0", make_batch(np.zeros(0, np.int32), seed=15), False
 
 

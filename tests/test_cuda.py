@@ -149,6 +149,21 @@ def test_more_rows_than_one_prefix_tile():
     assert_exact(run_dps(exact.to_torch("cuda")), exact)
 
 
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+def test_scored_rows_past_one_prefix_tile(sorted_):
+    """Scored rows before, at and after the 640-row boundary of the scoring kernel's page prefix
+    sum (a batch of more than 640 rows takes a second scan to find each CTA's first row), on the
+    two-kernel path: one row of 20K tokens makes the block table wider than the one kernel's 16K.
+    Sorted output scores the short rows too, so there every row is scored."""
+    lens = np.random.default_rng(113).integers(0, 300, size=900)
+    lens[[3, 639, 640, 641, 899]] = [2049, 4100, 3000, 2500, 5000]
+    lens[700] = 20000
+    batch = make_batch(lens, seed=113)
+    assert_valid_topk(run_dps(batch.to_torch("cuda"), sorted=sorted_), batch, sorted=sorted_)
+    exact = make_exact_batch(lens, seed=114, q_values=(0, 1), k_values=(0, 1), w_values=(1,), active_dims=3)
+    assert_exact(run_dps(exact.to_torch("cuda"), sorted=sorted_), exact, sorted=sorted_)
+
+
 def test_same_bytes_on_two_streams():
     """Determinism whatever the stream: launches on two side streams give identical bytes."""
     batch = make_batch([30000, 5000, 100, 2048], seed=103)

@@ -93,12 +93,17 @@ __device__ __forceinline__ uint32_t Tiles(const KeySpan& span) { return (span.co
 // per thread measured 4-way conflicts on every pass) and whole sectors from L2.
 __device__ __forceinline__ uint32_t QuadPosition(uint32_t tile) { return tile * kTileKeys + threadIdx.x * 4; }
 
+// Keys [pos, pos + 4) of a span that holds all of them: no end checks.
+__device__ __forceinline__ uint4 LoadWholeQuad(const KeySpan& span, uint32_t pos) {
+  return span.staged != nullptr ? *reinterpret_cast<const uint4*>(span.staged + pos)
+                                : __ldcg(reinterpret_cast<const uint4*>(span.global + pos));
+}
+
 // Keys [pos, pos + 4) of the span; kNotCandidate past its end.
 __device__ __forceinline__ uint4 LoadQuad(const KeySpan& span, uint32_t pos) {
   uint4 q = make_uint4(kNotCandidate, kNotCandidate, kNotCandidate, kNotCandidate);
   if (pos < span.count) {
-    q = span.staged != nullptr ? *reinterpret_cast<const uint4*>(span.staged + pos)
-                               : __ldcg(reinterpret_cast<const uint4*>(span.global + pos));
+    q = LoadWholeQuad(span, pos);
     if (pos + 4 > span.count) {
       q.y = pos + 1 < span.count ? q.y : kNotCandidate;
       q.z = pos + 2 < span.count ? q.z : kNotCandidate;
@@ -108,32 +113,30 @@ __device__ __forceinline__ uint4 LoadQuad(const KeySpan& span, uint32_t pos) {
   return q;
 }
 
-// Keys [pos, pos + 4) of a span that holds all of them: no end checks.
-__device__ __forceinline__ uint4 LoadWholeQuad(const KeySpan& span, uint32_t pos) {
-  return span.staged != nullptr ? *reinterpret_cast<const uint4*>(span.staged + pos)
-                                : __ldcg(reinterpret_cast<const uint4*>(span.global + pos));
-}
-
 // Tiles are walked kBatchTiles at a time: the batch's loads are issued together and its
 // independent chains overlap (one tile per iteration measured 1.5-2x slower per pass).
 constexpr uint32_t kBatchTiles = 4;
 
-// The quads of tiles [t, t + kBatchTiles) of the span. A batch wholly inside the span (every
-// batch of a row of whole 8K-key multiples, all but the last otherwise) skips LoadQuad's end
-// checks: ~5 of the ~12 instructions per key of a histogram pass.
+// The quads of tiles [t, t + kBatchTiles) of the span. A tile wholly inside the span (every
+// tile of a row of whole 8K-key multiples, all but the last otherwise) skips LoadQuad's end
+// checks: ~5 of the ~12 instructions per key of a histogram pass. Tiles past the end read as
+// empty quads (all kNotCandidate).
 __device__ __forceinline__ void LoadBatch(const KeySpan& span, uint32_t t, uint4 (&q)[kBatchTiles]) {
   if ((t + kBatchTiles) * kTileKeys <= span.count) {  // the same for every thread
 #pragma unroll
     for (uint32_t u = 0; u < kBatchTiles; ++u) q[u] = LoadWholeQuad(span, QuadPosition(t + u));
   } else {
 #pragma unroll
-    for (uint32_t u = 0; u < kBatchTiles; ++u) q[u] = LoadQuad(span, QuadPosition(t + u));
+    for (uint32_t u = 0; u < kBatchTiles; ++u) {
+      const bool whole = (t + u + 1) * kTileKeys <= span.count;  // the same for every thread
+      q[u] = whole ? LoadWholeQuad(span, QuadPosition(t + u)) : LoadQuad(span, QuadPosition(t + u));
+    }
   }
 }
 
-// f(position of the quad in the span, quad) for every tile of the span, and for up to
-// kBatchTiles - 1 empty quads (all kNotCandidate) past the end; every thread of the CTA walks
-// the same tiles.
+// f(position of the quad in the span, quad) for every tile of the span; every thread of the CTA
+// walks the same tiles. A batch that runs past the span's last tile stops there: a 4K-key slice
+// (two tiles) would otherwise spend half of every pass on empty quads.
 template <typename F>
 __device__ __forceinline__ void ForEachQuad(const KeySpan& span, F&& f) {
   const uint32_t tiles = Tiles(span);
@@ -142,7 +145,10 @@ __device__ __forceinline__ void ForEachQuad(const KeySpan& span, F&& f) {
     uint4 q[kBatchTiles];
     LoadBatch(span, t, q);
 #pragma unroll
-    for (uint32_t u = 0; u < kBatchTiles; ++u) f(QuadPosition(t + u), q[u]);
+    for (uint32_t u = 0; u < kBatchTiles; ++u) {
+      if (t + u >= tiles) break;  // the same for every thread: warp collectives inside f stay whole
+      f(QuadPosition(t + u), q[u]);
+    }
   }
 }
 template <typename F>
@@ -476,7 +482,7 @@ __device__ bool BucketThreshold(ClusterSelectStorage& s, const KeySpan& slice, u
     if (count_above) {
       above = WarpSum(above);
       const uint32_t tile = pos / kTileKeys;
-      if (lane == 0 && tile < tiles) s.chunk_offsets[tile * kSelectWarps + warp] = above << 16;
+      if (lane == 0) s.chunk_offsets[tile * kSelectWarps + warp] = above << 16;
     }
   });
   counted = count_above;

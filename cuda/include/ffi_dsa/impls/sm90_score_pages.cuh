@@ -185,6 +185,11 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     }
   }
 
+  // The TMA descriptors too: the first page's TMA would otherwise fetch its descriptor first.
+  if (tid == kMathThreads) {
+    if (p.num_pages > 0) PrefetchTensorMap(&k_map);  // with no pages the map is left unencoded
+    PrefetchTensorMap(&q_map);
+  }
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
       MbarInit(&s.full[st], 1);
@@ -201,12 +206,16 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   using Scan = cub::BlockScan<long long, kScoreThreads>;
   long long total = 0;
   int first_tile_pages = 0;  // batches of <= 640 rows (the common case) read seq_lens once
+  long long first_tile_before = 0;
   for (int64_t base = 0; base < p.batch; base += kScoreThreads) {
     const int64_t r = base + tid;
     const int pages = r < p.batch ? ScoredPages(ClampedLength(p.seq_lens, r, p.max_pages), p.topk, p.sorted) : 0;
-    if (base == 0) first_tile_pages = pages;
     long long before, tile_total;
     Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
+    if (base == 0) {
+      first_tile_pages = pages;
+      first_tile_before = before;
+    }
     total += tile_total;
     __syncthreads();
   }
@@ -218,21 +227,31 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   const long long range_begin = share_start(blockIdx.x);
   const long long range_end = share_start(blockIdx.x + 1);
   if (range_begin >= range_end) return;  // fewer pages than CTAs: the whole CTA leaves together
-  long long carry = 0;
-  for (int64_t base = 0; base < p.batch && carry <= range_begin; base += kScoreThreads) {
-    const int64_t r = base + tid;
-    const int pages =
-        base == 0 ? first_tile_pages
-                  : (r < p.batch ? ScoredPages(ClampedLength(p.seq_lens, r, p.max_pages), p.topk, p.sorted) : 0);
-    long long before, tile_total;
-    Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
-    before += carry;
-    if (pages > 0 && before <= range_begin && range_begin < before + pages) {
-      s.first_row = static_cast<int32_t>(r);
-      s.first_row_start = before;
+  // The row holding the range's first page: with one tile of rows the scan above already has
+  // every row's first flat page (a second scan sat on every CTA's critical path).
+  if (p.batch <= kScoreThreads) {
+    if (first_tile_pages > 0 && first_tile_before <= range_begin && range_begin < first_tile_before + first_tile_pages) {
+      s.first_row = tid;
+      s.first_row_start = first_tile_before;
     }
-    carry += tile_total;
     __syncthreads();
+  } else {
+    long long carry = 0;
+    for (int64_t base = 0; base < p.batch && carry <= range_begin; base += kScoreThreads) {
+      const int64_t r = base + tid;
+      const int pages =
+          base == 0 ? first_tile_pages
+                    : (r < p.batch ? ScoredPages(ClampedLength(p.seq_lens, r, p.max_pages), p.topk, p.sorted) : 0);
+      long long before, tile_total;
+      Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
+      before += carry;
+      if (pages > 0 && before <= range_begin && range_begin < before + pages) {
+        s.first_row = static_cast<int32_t>(r);
+        s.first_row_start = before;
+      }
+      carry += tile_total;
+      __syncthreads();
+    }
   }
   SegmentWalk walk{s.first_row, s.first_row_start, range_begin, range_end, 0, 0, 0, 0};
 
@@ -243,10 +262,6 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     const int pw = (tid - kMathThreads) / 32, lane = tid % 32;
     const bool leader = lane == 0;
     if (pw >= kIssuerWarps) return;
-    if (pw == 0 && leader) {
-      if (p.num_pages > 0) PrefetchTensorMap(&k_map);  // with no pages the map is left unencoded
-      PrefetchTensorMap(&q_map);
-    }
     int segment = 0, i0 = 0;
     while (walk.Next(p)) {
       const int np = walk.page_end - walk.page_begin;

@@ -111,7 +111,7 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
   const uint32_t tiles = Tiles(keys);
 
   // Otherwise (sorted and at most K tokens) every valid token wins: no statistics needed.
-  const bool select = n > int64_t(topk);
+  const bool select = ThresholdNeeded(n, p.topk);
   SliceStats row_stats;
   if (select) row_stats = RowStats(s, thread_stats, cluster_size);
   if (landed != nullptr) MbarWait(landed, 0);
@@ -222,13 +222,13 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
           uint32_t slot = 0;
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            wins[i] = quad[i] >= th.key && quad[i] != kNotCandidate;
+            wins[i] = Wins(quad[i], th) || Ties(quad[i], th);
             slot += __popc(__ballot_sync(0xFFFFFFFFu, wins[i]) & lanes_below);
           }
           const uint32_t before = s.chunk_offsets[(t + u) * kSelectWarps + warp];
           slot += greater_carry + equal_carry + (before >> 16) + (before & 0xFFFFu);
           if (wins[0] || wins[1] || wins[2] || wins[3]) {  // (pos is inside the slice: its page exists)
-            const int32_t first_id = p.sorted ? 0 : pages[pos / kPageTokens] * kPageTokens + int32_t(pos % kPageTokens);
+            const int32_t first_id = p.sorted ? 0 : GlobalTokenId(pages, pos);  // the quad shares a page
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
               if (wins[i] && slot < topk) {
@@ -248,11 +248,9 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
       for (uint32_t t = 0; t < chunk_tiles; t += kBatchTiles) {
         uint4 q[kBatchTiles];
         uint32_t x[kBatchTiles], incl[kBatchTiles];
+        LoadBatch(keys, chunk + t, q);
 #pragma unroll
-        for (uint32_t u = 0; u < kBatchTiles; ++u) {
-          q[u] = LoadQuad(keys, QuadPosition(chunk + t + u));
-          incl[u] = x[u] = counts(q[u]);
-        }
+        for (uint32_t u = 0; u < kBatchTiles; ++u) incl[u] = x[u] = counts(q[u]);
         // WarpInclusiveSum of each incl[u], interleaved over the batch
 #pragma unroll
         for (int o = 1; o < 32; o *= 2) {
@@ -286,7 +284,7 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
             equal += ties;
           }
         }
-    }
+      }
     }
     greater_carry += chunk_total >> 16;
     equal_carry += chunk_total & 0xFFFFu;
@@ -358,7 +356,9 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   // This thread's share of the stats, read from L2 while the copy lands: the load latency hides
   // behind it. A row of at most K tokens is only sorted: no stats, no extra pass over its keys.
   SliceStats thread_stats = EmptyStats();
-  if (n > p.topk) ForEachKey(KeySpan{nullptr, slice_keys, m}, [&](uint32_t key) { AddKey(thread_stats, key); });
+  if (ThresholdNeeded(n, p.topk)) {
+    ForEachKey(KeySpan{nullptr, slice_keys, m}, [&](uint32_t key) { AddKey(thread_stats, key); });
+  }
   SelectSlice(p, smem, row, n, begin, KeySpan{staged ? staged_keys : nullptr, slice_keys, m}, thread_stats,
               staged ? smem.slice_pages : table, staged && m > 0 ? &smem.keys_landed : nullptr, cluster_size,
               cluster_rank);

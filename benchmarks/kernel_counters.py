@@ -1,0 +1,137 @@
+"""Hardware counters per kernel (Nsight Compute): duration, DRAM bytes moved, achieved bandwidth.
+
+    python benchmarks/kernel_counters.py [W1,W2,...]       (a GPU with `ncu` on PATH; default W1-W6)
+
+bench_gpu.py says how long a call takes; this says where the bytes and the time go. For each
+workload it runs one cold call (`ncu --cache-control all` flushes L2 before every kernel; clocks
+left alone: `--clock-control none`) in a child process under ncu, reads every ffi_dsa kernel's
+counters and prints, per kernel and per call: the duration, DRAM bytes read and written, the
+achieved DRAM bandwidth, that bandwidth over the copy bandwidth measured in the same run, and the
+bytes the call had to move (bench_gpu.floor_bytes) over the bytes it did move. ncu runs the
+kernels one at a time, so programmatic dependent launch no longer overlaps the select's prologue
+with scoring: per-kernel times add up to slightly more than the kernels take in a graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+KERNELS = "regex:ScorePagesKernel|SelectRowsKernel|FusedRowsKernel"
+METRICS = {
+    "gpu__time_duration.sum": "ns",
+    "dram__bytes_read.sum": "read",
+    "dram__bytes_write.sum": "write",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_pct",
+    "launch__grid_size": "grid",
+}
+UNIT_SCALE = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1, "usecond": 1e3, "msecond": 1e6}
+
+
+def child(name: str) -> int:
+    """One call of workload `name` on fresh device data (the kernels ncu reads)."""
+    import torch
+
+    import ffi_dsa
+    from bench_gpu import workloads
+    from ffi_dsa import _ffi_api
+    from gpu_batches import make_batch_torch
+
+    _ffi_api.cuda_module()
+    batch = make_batch_torch(workloads()[name]["lens"], seed=5, device="cuda")
+    out = torch.full((len(workloads()[name]["lens"]), 2048), -7, dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()
+    ffi_dsa.call(*batch.args(), out)
+    torch.cuda.synchronize()
+    return 0
+
+
+def short_name(kernel: str) -> str:
+    for k in ("ScorePages", "SelectRows", "FusedRows"):
+        if k in kernel:
+            return k
+    return kernel[:20]
+
+
+def parse(csv_text: str) -> list[dict]:
+    """ncu --csv --page raw: a header row, a units row, then one row per kernel."""
+    lines = [ln for ln in csv_text.splitlines() if ln.startswith('"')]
+    rows = list(csv.reader(io.StringIO("\n".join(lines))))
+    if len(rows) < 3:
+        return []
+    header, units = rows[0], rows[1]
+    kernels = []
+    for row in rows[2:]:
+        rec = {"kernel": short_name(row[header.index("Kernel Name")])}
+        for metric, key in METRICS.items():
+            i = header.index(metric)
+            value = float(row[i].replace(",", "")) if row[i] not in ("", "n/a") else float("nan")
+            rec[key] = value * UNIT_SCALE.get(units[i], 1)
+        kernels.append(rec)
+    return kernels
+
+
+def profile(name: str, ncu: str) -> list[dict]:
+    cmd = [ncu, "--clock-control", "none", "--cache-control", "all", "--kernel-name", KERNELS, "--csv",
+           "--page", "raw", "--metrics", ",".join(METRICS), sys.executable, __file__, "--child", name]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    kernels = parse(proc.stdout)
+    if proc.returncode != 0 or not kernels:
+        tail = (proc.stdout + proc.stderr)[-1500:]
+        raise RuntimeError(f"ncu on {name} gave no kernel records (exit {proc.returncode}):\n{tail}")
+    return kernels
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workloads", nargs="?", default="W1,W2,W3,W4,W5,W6")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    a = parser.parse_args(argv)
+    if a.child:
+        return child(a.child)
+
+    import torch
+
+    from bench_gpu import copy_bandwidth, floor_bytes, workloads
+
+    if not torch.cuda.is_available():
+        print("kernel_counters: needs a CUDA GPU")
+        return 1
+    ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+    if not Path(ncu).exists():
+        print("kernel_counters: Nsight Compute (ncu) not found")
+        return 1
+    bandwidth = copy_bandwidth("cuda", 1 << 31)
+    print(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s (read + write); one cold call per workload under ncu")
+    print(f"{'wl':3s} {'kernel':10s} {'grid':>5s} {'us':>7s} {'read MB':>8s} {'write MB':>8s} {'GB/s':>6s} "
+          f"{'of copy':>7s} {'dram %':>6s} {'sm %':>5s}")
+    specs = workloads()
+    for name in a.workloads.split(","):
+        kernels = profile(name, ncu)
+        for k in kernels:
+            moved = k["read"] + k["write"]
+            rate = moved / k["ns"]  # bytes per ns = GB/s
+            print(f"{name:3s} {k['kernel']:10s} {k['grid']:5.0f} {k['ns'] / 1e3:7.2f} {k['read'] / 1e6:8.2f} "
+                  f"{k['write'] / 1e6:8.2f} {rate:6.0f} {rate * 1e9 / bandwidth:7.0%} {k['dram_pct']:6.1f} "
+                  f"{k['sm_pct']:5.1f}")
+        ns = sum(k["ns"] for k in kernels)
+        moved = sum(k["read"] + k["write"] for k in kernels)
+        need = floor_bytes(specs[name]["lens"])
+        print(f"{name:3s} {'call':10s} {'':5s} {ns / 1e3:7.2f} {moved / 1e6:17.2f} {moved / ns:6.0f} "
+              f"{moved / ns * 1e9 / bandwidth:7.0%}   floor {need / bandwidth * 1e6:.2f} us for {need / 1e6:.2f} MB; "
+              f"moved / needed {moved / need:.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
