@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import os
 import shutil
 import subprocess
 import sys
@@ -43,13 +42,14 @@ def child(name: str) -> int:
     import torch
 
     import ffi_dsa
-    from bench_gpu import workloads
+    from bench_gpu import TOPK, workloads
     from ffi_dsa import _ffi_api
     from gpu_batches import make_batch_torch
 
     _ffi_api.cuda_module()
-    batch = make_batch_torch(workloads()[name]["lens"], seed=5, device="cuda")
-    out = torch.full((len(workloads()[name]["lens"]), 2048), -7, dtype=torch.int32, device="cuda")
+    lens = workloads()[name]["lens"]
+    batch = make_batch_torch(lens, seed=5, device="cuda")
+    out = torch.full((len(lens), TOPK), -7, dtype=torch.int32, device="cuda")
     torch.cuda.synchronize()
     ffi_dsa.call(*batch.args(), out)
     torch.cuda.synchronize()
@@ -84,7 +84,7 @@ def parse(csv_text: str) -> list[dict]:
 def profile(name: str, ncu: str) -> list[dict]:
     cmd = [ncu, "--clock-control", "none", "--cache-control", "all", "--kernel-name", KERNELS, "--csv",
            "--page", "raw", "--metrics", ",".join(METRICS), sys.executable, __file__, "--child", name]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     kernels = parse(proc.stdout)
     if proc.returncode != 0 or not kernels:
         tail = (proc.stdout + proc.stderr)[-1500:]

@@ -205,8 +205,10 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   // ---- this CTA's flat page range ----------------------------------------------------------
   using Scan = cub::BlockScan<long long, kScoreThreads>;
   long long total = 0;
-  int first_tile_pages = 0;  // batches of <= 640 rows (the common case) read seq_lens once
-  long long first_tile_before = 0;
+  // The first tile of rows (all of them in batches of <= 640 rows, the common case): its scan is
+  // kept, so finding the CTA's first row below reads seq_lens and scans again only past it.
+  int first_tile_pages = 0;
+  long long first_tile_before = 0, first_tile_total = 0;
   for (int64_t base = 0; base < p.batch; base += kScoreThreads) {
     const int64_t r = base + tid;
     const int pages = r < p.batch ? ScoredPages(ClampedLength(p.seq_lens, r, p.max_pages), p.topk, p.sorted) : 0;
@@ -215,6 +217,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     if (base == 0) {
       first_tile_pages = pages;
       first_tile_before = before;
+      first_tile_total = tile_total;
     }
     total += tile_total;
     __syncthreads();
@@ -227,31 +230,24 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   const long long range_begin = share_start(blockIdx.x);
   const long long range_end = share_start(blockIdx.x + 1);
   if (range_begin >= range_end) return;  // fewer pages than CTAs: the whole CTA leaves together
-  // The row holding the range's first page: with one tile of rows the scan above already has
-  // every row's first flat page (a second scan sat on every CTA's critical path).
-  if (p.batch <= kScoreThreads) {
-    if (first_tile_pages > 0 && first_tile_before <= range_begin && range_begin < first_tile_before + first_tile_pages) {
-      s.first_row = tid;
-      s.first_row_start = first_tile_before;
-    }
-    __syncthreads();
-  } else {
-    long long carry = 0;
-    for (int64_t base = 0; base < p.batch && carry <= range_begin; base += kScoreThreads) {
-      const int64_t r = base + tid;
-      const int pages =
-          base == 0 ? first_tile_pages
-                    : (r < p.batch ? ScoredPages(ClampedLength(p.seq_lens, r, p.max_pages), p.topk, p.sorted) : 0);
-      long long before, tile_total;
+  // The row holding the range's first page. (A second scan of the first tile sat on every CTA's
+  // critical path: v13.6b measured -0.3 to -0.5 µs without it.)
+  long long carry = 0;
+  for (int64_t base = 0; base < p.batch && carry <= range_begin; base += kScoreThreads) {
+    const int64_t r = base + tid;
+    int pages = first_tile_pages;
+    long long before = first_tile_before, tile_total = first_tile_total;
+    if (base > 0) {
+      pages = r < p.batch ? ScoredPages(ClampedLength(p.seq_lens, r, p.max_pages), p.topk, p.sorted) : 0;
       Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
-      before += carry;
-      if (pages > 0 && before <= range_begin && range_begin < before + pages) {
-        s.first_row = static_cast<int32_t>(r);
-        s.first_row_start = before;
-      }
-      carry += tile_total;
-      __syncthreads();
     }
+    before += carry;
+    if (pages > 0 && before <= range_begin && range_begin < before + pages) {
+      s.first_row = static_cast<int32_t>(r);
+      s.first_row_start = before;
+    }
+    carry += tile_total;
+    __syncthreads();
   }
   SegmentWalk walk{s.first_row, s.first_row_start, range_begin, range_end, 0, 0, 0, 0};
 

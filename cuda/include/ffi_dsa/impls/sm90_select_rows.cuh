@@ -141,9 +141,11 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
     const uint32_t chunk_tiles = min(kChunkTiles, tiles - chunk);
 #pragma unroll 1
     for (uint32_t t = 0; t < chunk_tiles; t += kBatchTiles) {
+      uint4 q[kBatchTiles];
       uint32_t x[kBatchTiles];
+      LoadBatch(keys, chunk + t, q);
 #pragma unroll
-      for (uint32_t u = 0; u < kBatchTiles; ++u) x[u] = WarpSum(counts(LoadQuad(keys, QuadPosition(chunk + t + u))));
+      for (uint32_t u = 0; u < kBatchTiles; ++u) x[u] = WarpSum(counts(q[u]));
 #pragma unroll
       for (uint32_t u = 0; u < kBatchTiles; ++u) {
         if (lane == 0 && t + u < chunk_tiles) s.chunk_offsets[(t + u) * kSelectWarps + warp] = x[u];
