@@ -217,6 +217,50 @@ def test_cuda_graph_capture_and_replay_with_new_data():
         assert np.array_equal(got, run_dps(batch.to_torch("cuda")))
 
 
+@pytest.mark.parametrize("path, rows, table_pages", [("two_kernels", 4, 512), ("one_kernel", 0, 256),
+                                                     ("no_scores", 6, 32)])
+@pytest.mark.parametrize("writer_last", ["seq_lens", "block_table"])
+def test_inputs_written_by_the_kernels_just_before(path, rows, table_pages, writer_last):
+    """The call's first kernel may start while the stream's previous kernel ends (programmatic
+    dependent launch), and ffi_dsa's own kernels let the next one in early. Still, seq_lens and the
+    block table written by the kernels right before the call, with no sync, are read as written:
+    here they are the outputs of two earlier ffi_dsa calls (the block table: one call's top ids of
+    rows that all read the same few pages; seq_lens: another call's top ids of one row), in either
+    order. The chained call gives the same bytes as a call on copies made after a sync."""
+    rows = rows or _one_kernel_batch_size()
+    table_writer = make_batch([2 * table_pages] * rows, seed=140)
+    pages = 2 * table_pages // 64
+    rng = np.random.default_rng(140)
+    table_writer.block_table[:, :pages] = [rng.permutation(pages) for _ in range(rows)]
+    # ids < 2 * table_pages, distinct in a row: the reader's pool has that many pages and more
+    lens_writer = make_batch([min(30000, 64 * table_pages)], seed=141)
+    reader = make_batch([64] * rows, seed=142, spare_pages=2 * table_pages)
+    q, k_cache, weights, _, _ = reader.to_torch("cuda")
+    t_args, l_args = table_writer.to_torch("cuda"), lens_writer.to_torch("cuda")
+    for repeat in range(3):
+        table = poisoned((rows, table_pages), "cuda")
+        lens = poisoned((1, rows), "cuda")
+        out = poisoned((rows, DEFAULT_K), "cuda")
+        writers = [lambda: ffi_dsa.call(*t_args, table), lambda: ffi_dsa.call(*l_args, lens)]
+        if writer_last == "block_table":
+            writers.reverse()
+        # Keep the GPU busy while the host enqueues all three calls, so they run back to back (an
+        # eager Python call takes longer to enqueue than these kernels take to run).
+        torch.cuda._sleep(2_000_000)
+        for write in writers:
+            write()
+        ffi_dsa.call(q, k_cache, weights, lens.view(rows), table, out)
+        torch.cuda.synchronize()
+        written = reader
+        written.seq_lens = lens.cpu().numpy().reshape(rows)
+        written.block_table = table.cpu().numpy()
+        assert (written.block_table >= 0).all() and (written.block_table < 2 * table_pages).all()
+        assert (written.seq_lens >= 0).all() and (written.seq_lens < 64 * table_pages).all()
+        got = out.cpu().numpy()
+        assert_valid_topk(got, written)
+        assert np.array_equal(got, run_dps(written.to_torch("cuda"))), f"repeat {repeat}"
+
+
 def test_cpu_and_cuda_agree_random_via_tolerance():
     """Both devices give valid top-K answers on the same random batch (they may differ only where the
     SPEC's tolerance allows)."""
@@ -303,11 +347,13 @@ def test_arguments_on_two_gpus_are_a_clear_error():
     assert (out.cpu().numpy() == SENTINEL).all()
 
 
-@pytest.mark.parametrize("variable, value", [("FFI_DSA_MAX_SELECT_CLUSTER", "3"), ("FFI_DSA_FUSED", "yes")])
+@pytest.mark.parametrize("variable, value",
+                         [("FFI_DSA_MAX_SELECT_CLUSTER", "3"), ("FFI_DSA_FUSED", "yes"), ("FFI_DSA_PDL", "on")])
 def test_bad_tuning_setting_is_a_clear_error(variable, value):
     """The CUDA path's environment knobs accept only what the kernels support:
     FFI_DSA_MAX_SELECT_CLUSTER (for GPUs whose GPCs hold fewer SMs) 1, 2, 4, 8 or 16; FFI_DSA_FUSED (the
-    one-kernel path on or off, for A/B timing and tests) 0 or 1. Anything else is a ValueError naming the
+    one-kernel path on or off, for A/B timing and tests) and FFI_DSA_PDL (the call's first kernel
+    overlapping the stream's previous one, or not) 0 or 1. Anything else is a ValueError naming the
     variable, not a silent default. (A fresh process: the settings are read once per device.)"""
     import os
     import subprocess

@@ -71,6 +71,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   const SelectParams& p = fp.select;
   const int64_t row = blockIdx.x;
   const int tid = threadIdx.x;
+  // Programmatic dependent launch both ways (sm90_score_pages.cuh): the next call's first kernel may
+  // be placed as our CTAs leave; ours may be placed while the stream's previous kernel ends.
+  AllowDependentLaunch();
+  WaitForPrecedingGrid();
 
   const int64_t n = ClampedLength(p.seq_lens, row, p.max_pages);
   if (!ScoresNeeded(n, p.topk, p.sorted)) {

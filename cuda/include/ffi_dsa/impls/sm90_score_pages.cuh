@@ -166,8 +166,6 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   ScoreSmem& s = *reinterpret_cast<ScoreSmem*>(AlignedSmem<1024>(smem_raw));
   const int tid = threadIdx.x;
-  // The select kernel's CTAs may be placed now; they wait for this grid before reading keys.
-  AllowDependentLaunch();
   // The block table into L2 while seq_lens (cold) is read and scanned: a CTA learns which rows it
   // scores only after the scan, and its first page id read was then a second cold HBM round trip
   // before the first page's TMA. The CTAs split the table's lines (each line asked for once);
@@ -201,6 +199,13 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     }
     FenceBarrierInit();
   }
+  // Launched with programmatic stream serialization (unless FFI_DSA_PDL=0), this grid may be
+  // resident while the stream's previous kernel still runs; everything above touches only
+  // parameters, shared memory and L2 hints, everything below reads inputs that kernel may write.
+  WaitForPrecedingGrid();
+  // The select kernel's CTAs may be placed now; they wait for this grid before reading keys. Not
+  // before the wait above: the select reads seq_lens and the block table as soon as it starts.
+  AllowDependentLaunch();
 
   // ---- this CTA's flat page range ----------------------------------------------------------
   using Scan = cub::BlockScan<long long, kScoreThreads>;

@@ -28,6 +28,9 @@ struct SelectParams {
   int32_t topk;
   uint32_t staged_capacity;  // keys of shared memory behind SelectSmem (a multiple of 64)
   bool sorted;
+  // No kernel 1 in front and launched with programmatic stream serialization: the stream's
+  // previous kernel may still be writing seq_lens and the block table, so wait before any read.
+  bool wait_before_inputs;
 };
 
 // Keys one CTA selects alone; a longer row gets a cluster of ceil(n / kSliceKeys) CTAs (W1's 8K
@@ -321,8 +324,13 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   const int cluster_rank = static_cast<int>(cg::this_cluster().block_rank());
   const int64_t row = blockIdx.x / cluster_size;
   const int tid = threadIdx.x;
+  // The next call's first kernel may be placed on the SMs this grid leaves free; it waits for our
+  // completion before reading anything.
+  AllowDependentLaunch();
+  if (p.wait_before_inputs) WaitForPrecedingGrid();
 
-  const int64_t n = ClampedLength(p.seq_lens, row, p.max_pages);  // inputs: readable before the wait
+  // Inputs: readable before kernel 1's end (kernel 1 waited for the stream's previous kernel).
+  const int64_t n = ClampedLength(p.seq_lens, row, p.max_pages);
   if (!ScoresNeeded(n, p.topk, p.sorted)) {  // the same branch for every CTA of the cluster
     if (cluster_rank == 0) WriteWholeRow(p, row, n, smem);
     // Kernel 1 had nothing to do for this row, but this grid must not finish before it: stream
