@@ -261,6 +261,34 @@ def test_inputs_written_by_the_kernels_just_before(path, rows, table_pages, writ
         assert np.array_equal(got, run_dps(written.to_torch("cuda"))), f"repeat {repeat}"
 
 
+@pytest.mark.parametrize("lens", [[5000, 300], [1500, 7]], ids=["two_kernels", "no_scores"])
+def test_after_copies_on_the_stream_eager_and_in_a_graph(lens):
+    """The call's first kernel is launched with programmatic dependent launch, which pairs kernels;
+    right after device-to-device copies (cudaMemcpyAsync, not kernels) on the stream, eagerly and
+    inside a captured graph, the call still reads what the copies wrote."""
+    batch = make_batch(lens, seed=150)
+    args = batch.to_torch("cuda")
+    expected = run_dps(args)
+    staging = [torch.empty_like(t) for t in args]
+    out = poisoned((len(lens), DEFAULT_K), "cuda")
+    for dst, src in zip(staging, args):
+        dst.copy_(src)
+    ffi_dsa.call(*staging, out)
+    assert np.array_equal(out.cpu().numpy(), expected)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for dst, src in zip(staging, args):
+            dst.copy_(src)
+        ffi_dsa.call(*staging, out)
+    for t in staging:
+        t.view(torch.uint8).fill_(0x7F)  # anything but the inputs: the replay's copies must restore them
+    out.fill_(SENTINEL)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert np.array_equal(out.cpu().numpy(), expected)
+
+
 def test_cpu_and_cuda_agree_random_via_tolerance():
     """Both devices give valid top-K answers on the same random batch (they may differ only where the
     SPEC's tolerance allows)."""
