@@ -265,7 +265,9 @@ def test_inputs_written_by_the_kernels_just_before(path, rows, table_pages, writ
 def test_after_copies_on_the_stream_eager_and_in_a_graph(lens):
     """The call's first kernel is launched with programmatic dependent launch, which pairs kernels;
     right after device-to-device copies (cudaMemcpyAsync, not kernels) on the stream, eagerly and
-    inside a captured graph, the call still reads what the copies wrote."""
+    inside a captured graph, the call still reads what the copies wrote. A smoke test of the launch
+    attribute next to memcpy predecessors and in capture; nothing here forces an overlap, which
+    test_inputs_written_by_the_kernels_just_before does."""
     batch = make_batch(lens, seed=150)
     args = batch.to_torch("cuda")
     expected = run_dps(args)

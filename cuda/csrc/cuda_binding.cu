@@ -279,6 +279,7 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
   sel.max_pages = static_cast<int32_t>(a.max_pages);
   sel.topk = static_cast<int32_t>(a.topk);
   sel.sorted = sorted_by_score;
+  sel.let_next_in = info.entry_pdl;  // FFI_DSA_PDL=0: no early start either way
 
   if (score && plan.fused) {  // one kernel: every row scored and selected by its own CTA
     sm90::FusedParams fp{};

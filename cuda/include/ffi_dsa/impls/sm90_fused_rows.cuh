@@ -72,8 +72,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   const int64_t row = blockIdx.x;
   const int tid = threadIdx.x;
   // Programmatic dependent launch both ways (sm90_score_pages.cuh): the next call's first kernel may
-  // be placed as our CTAs leave; ours may be placed while the stream's previous kernel ends.
-  AllowDependentLaunch();
+  // be placed as our CTAs leave (no workspace here); ours may be placed while the stream's previous
+  // kernel ends.
+  if (p.let_next_in) AllowDependentLaunch();
   WaitForPrecedingGrid();
 
   const int64_t n = ClampedLength(p.seq_lens, row, p.max_pages);

@@ -31,6 +31,10 @@ struct SelectParams {
   // No kernel 1 in front and launched with programmatic stream serialization: the stream's
   // previous kernel may still be writing seq_lens and the block table, so wait before any read.
   bool wait_before_inputs;
+  // The stream's next kernel, if launched with programmatic stream serialization, may be placed
+  // before this grid completes (FFI_DSA_PDL; false: it starts only after our completion). Never
+  // while a CTA still reads the workspace: once the call returns, that memory is the allocator's.
+  bool let_next_in;
 };
 
 // Keys one CTA selects alone; a longer row gets a cluster of ceil(n / kSliceKeys) CTAs (W1's 8K
@@ -79,7 +83,7 @@ __device__ void WriteWholeRow(const SelectParams& p, int64_t row, int64_t n, Sel
   const int32_t* table = p.block_table + row * p.max_pages;
   const int pages = static_cast<int>((n + kPageTokens - 1) / kPageTokens);
   if (tid < 32) {
-    int32_t page = lane < pages ? table[lane] : -1;
+    int32_t page = lane < pages ? __ldcg(table + lane) : -1;  // L2: before griddepcontrol.wait (SelectRowsKernel)
     if (page >= p.num_pages) page = -1;  // -1 (or any negative id): not a page, its tokens are not candidates
     const uint32_t tokens = page >= 0 ? static_cast<uint32_t>(min(int64_t(kPageTokens), n - int64_t(lane) * kPageTokens)) : 0u;
     const uint32_t incl = WarpInclusiveSum(tokens);
@@ -118,6 +122,10 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
   SliceStats row_stats;
   if (select) row_stats = RowStats(s, thread_stats, cluster_size);
   if (landed != nullptr) MbarWait(landed, 0);
+  // A staged slice's last workspace reads are behind us: every thread's stats loads were consumed
+  // before RowStats' barriers, and the copy has landed. A slice read from L2 lets the next kernel
+  // in only by exiting.
+  if (p.let_next_in && keys.staged != nullptr) AllowDependentLaunch();
   bool counted = false;  // the emit's count table is (nearly) ready: BucketThreshold
   const Threshold th = select ? ClusterThreshold(s, keys, topk, row_stats, cluster_size, counted) : kTakeAll;
 
@@ -324,14 +332,18 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   const int cluster_rank = static_cast<int>(cg::this_cluster().block_rank());
   const int64_t row = blockIdx.x / cluster_size;
   const int tid = threadIdx.x;
-  // The next call's first kernel may be placed on the SMs this grid leaves free; it waits for our
-  // completion before reading anything.
-  AllowDependentLaunch();
+  // The next call's first kernel may be placed on the SMs this grid leaves free (it waits for our
+  // completion before reading anything), as soon as this CTA is done with the workspace: at once
+  // with no workspace, after staging or at exit otherwise.
+  if (p.let_next_in && p.keys == nullptr) AllowDependentLaunch();
   if (p.wait_before_inputs) WaitForPrecedingGrid();
 
-  // Inputs: readable before kernel 1's end (kernel 1 waited for the stream's previous kernel).
-  const int64_t n = ClampedLength(p.seq_lens, row, p.max_pages);
+  // Inputs: readable before kernel 1's end, since kernel 1 let this grid launch only after its own
+  // wait for the stream's previous kernel. This grid's own wait does not order these reads, so
+  // they go to L2 (ld.global.cg), the point where the writer's stores became visible, never L1.
+  const int64_t n = ClampLength(__ldcg(p.seq_lens + row), p.max_pages);
   if (!ScoresNeeded(n, p.topk, p.sorted)) {  // the same branch for every CTA of the cluster
+    if (p.let_next_in) AllowDependentLaunch();  // this CTA reads no keys
     if (cluster_rank == 0) WriteWholeRow(p, row, n, smem);
     // Kernel 1 had nothing to do for this row, but this grid must not finish before it: stream
     // order promises later work both kernels' completion.
@@ -347,7 +359,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   const int32_t* table = p.block_table + row * p.max_pages + begin / kPageTokens;
   if (staged) {
 #pragma unroll 1
-    for (uint32_t i = tid; i < (m + kPageTokens - 1) / kPageTokens; i += kSelectThreads) smem.slice_pages[i] = table[i];
+    for (uint32_t i = tid; i < (m + kPageTokens - 1) / kPageTokens; i += kSelectThreads) smem.slice_pages[i] = __ldcg(table + i);
     if (tid == 0) {
       MbarInit(&smem.keys_landed, 1);
       FenceBarrierInit();
