@@ -83,7 +83,7 @@ __device__ void WriteWholeRow(const SelectParams& p, int64_t row, int64_t n, Sel
   const int32_t* table = p.block_table + row * p.max_pages;
   const int pages = static_cast<int>((n + kPageTokens - 1) / kPageTokens);
   if (tid < 32) {
-    int32_t page = lane < pages ? __ldcg(table + lane) : -1;  // L2: before griddepcontrol.wait (SelectRowsKernel)
+    int32_t page = lane < pages ? __ldcg(table + lane) : -1;  // L2: the select behind kernel 1 reads before its wait
     if (page >= p.num_pages) page = -1;  // -1 (or any negative id): not a page, its tokens are not candidates
     const uint32_t tokens = page >= 0 ? static_cast<uint32_t>(min(int64_t(kPageTokens), n - int64_t(lane) * kPageTokens)) : 0u;
     const uint32_t incl = WarpInclusiveSum(tokens);
@@ -334,7 +334,8 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   const int tid = threadIdx.x;
   // The next call's first kernel may be placed on the SMs this grid leaves free (it waits for our
   // completion before reading anything), as soon as this CTA is done with the workspace: at once
-  // with no workspace, after staging or at exit otherwise.
+  // with no workspace or for a row that needs no scores (then possibly while kernel 1 still runs:
+  // a successor waits before touching any memory the call uses), after staging, or at exit.
   if (p.let_next_in && p.keys == nullptr) AllowDependentLaunch();
   if (p.wait_before_inputs) WaitForPrecedingGrid();
 
