@@ -6,7 +6,7 @@
 Both run on the same 16 x 8K-token batch (ffi_dsa.workloads.make_batch, fixed seed), each timed
 as the median of N calls after warm-up with time.perf_counter (interleaved: one call of each
 version per round, so background load hits them alike), and both outputs are checked with
-ffi_dsa.check_topk under the SPEC tolerance (the naive output is ordered by score: sorted=True).
+ffi_dsa.check_topk under the contract's tolerance (docs/contract.md) (the naive output is ordered by score: sorted=True).
 ffi_dsa is timed with numpy inputs and, when torch is importable, with torch CPU tensors too.
 Exit code: 1 when a check fails, 2 when --min-speedup is given and not met, else 0.
 """
@@ -29,10 +29,9 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ffi_dsa  # noqa: E402
+from ffi_dsa.contract import DEFAULT_TOPK as TOPK  # noqa: E402
 from ffi_dsa.demo import cpu_name  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
-
-TOPK = 2048
 
 
 def main(argv=None) -> int:
@@ -92,7 +91,7 @@ def main(argv=None) -> int:
         out_t = torch.full((a.batch, TOPK), -7, dtype=torch.int32)
         versions["ffi_dsa (torch cpu)"] = (lambda: ffi_dsa.call(*args_t, out_t), lambda: out_t, False)
         if not a.no_naive:
-            from benchmarks.naive_torch import naive_topk_indexer
+            from ffi_dsa.benchmarks.naive_torch import naive_topk_indexer
 
             holder = {}
 

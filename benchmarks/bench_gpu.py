@@ -19,7 +19,7 @@ For every workload (W1..W6: serving-sized; C1..C5: small, like the public FlashI
   DG+FI      DeepGEMM fp8_paged_mqa_logits + FlashInfer top_k_page_table_transform, live, only when
              both import
   peer chain the same chain measured on an H100 by the peer study (a fixed reference table below)
-Each ffi_dsa result is checked once with ffi_dsa.check_topk (float64 reference, SPEC tolerance),
+Each ffi_dsa result is checked once with ffi_dsa.check_topk (float64 reference, contract tolerance, docs/contract.md),
 on a subset of rows for large batches.
 """
 
@@ -49,10 +49,9 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 import torch  # noqa: E402
 
 import ffi_dsa  # noqa: E402
-from benchmarks.gpu_batches import PAGE_BYTES, TorchBatch, make_batch_torch, remap_ids  # noqa: E402
-from ffi_dsa.kv_cache import PAGE_TOKENS  # noqa: E402
-
-TOPK = 2048
+from ffi_dsa.benchmarks.gpu_batches import TorchBatch, make_batch_torch, remap_ids  # noqa: E402
+from ffi_dsa.contract import DEFAULT_TOPK as TOPK  # noqa: E402
+from ffi_dsa.contract import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_TOKENS, TOKEN_BYTES  # noqa: E402
 MB = 1 << 20
 
 # The production chain measured on an H100 by the peer study, 2026-11-22: DeepGEMM 2.6.1
@@ -101,7 +100,8 @@ def workloads(seed: int = 1234) -> dict[str, dict]:
 
 def floor_bytes(lens: np.ndarray) -> int:
     """Fewest bytes one call must move: the K cache once, plus q, weights and the output per row."""
-    return int(132 * np.clip(lens, 0, None).sum() + len(lens) * (8192 + 256 + TOPK * 4))
+    per_row = NUM_HEADS * HEAD_DIM + NUM_HEADS * 4 + TOPK * 4  # q, weights, output
+    return int(TOKEN_BYTES * np.clip(lens, 0, None).sum() + len(lens) * per_row)
 
 
 # ------------------------------------------------------------------------------------- timing
@@ -427,7 +427,7 @@ def run_workload(name: str, spec: dict, a, clock: Clock, bandwidth: float, chain
         if need > 0.5 * free:
             r["naive_note"] = f"skipped: needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
         else:
-            from benchmarks.naive_torch import naive_topk_indexer
+            from ffi_dsa.benchmarks.naive_torch import naive_topk_indexer
 
             solo, _ = set0.compact(range(rot.batch))
             args = solo.args()

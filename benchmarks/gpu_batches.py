@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ffi_dsa.kv_cache import HEAD_DIM, PAGE_TOKENS, TOKEN_BYTES, pack_k_cache
-from ffi_dsa.workloads import NUM_HEADS, page_layout
-PAGE_BYTES = PAGE_TOKENS * TOKEN_BYTES
+from ffi_dsa.contract import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_TOKENS, TOKEN_BYTES
+from ffi_dsa.kv_cache import pack_k_cache
+from ffi_dsa.workloads import page_layout
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 gather the row's pages, dequantize FP8 x scale to float32, one batched matmul against q,
 relu, weighted head sum, mask the padding, torch.topk. Scores stay float32 (a bf16 version
-picks wrong tokens on half the rows). The output follows the SPEC (global ids, -1 tail) but
+picks wrong tokens on half the rows). The output follows the contract (global ids, -1 tail) but
 orders by score, as torch.topk does, and breaks ties however torch.topk does.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-PAGE_TOKENS, HEAD_DIM = 64, 128
+from ffi_dsa.contract import DEFAULT_TOPK, HEAD_DIM, PAGE_TOKENS
 
 
-def naive_topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = 2048):
+def naive_topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK):
     batch, max_pages = block_table.shape
     num_pages = k_cache.shape[0]
     pages = k_cache.view(torch.uint8).reshape(num_pages, -1)

@@ -25,10 +25,10 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ffi_dsa  # noqa: E402
-from ffi_dsa.kv_cache import HEAD_DIM, PAGE_TOKENS, pack_k_cache  # noqa: E402
+from ffi_dsa.contract import DEFAULT_TOPK as TOPK  # noqa: E402
+from ffi_dsa.contract import HEAD_DIM, PAGE_TOKENS  # noqa: E402
+from ffi_dsa.kv_cache import pack_k_cache  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
-
-TOPK = 2048
 
 
 def cases():

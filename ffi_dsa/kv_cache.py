@@ -5,9 +5,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-PAGE_TOKENS = 64
-HEAD_DIM = 128
-TOKEN_BYTES = 132
+from .contract import HEAD_DIM, PAGE_TOKENS, TOKEN_BYTES
+
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
@@ -52,7 +51,8 @@ def _pack_torch(k):
 
 def _check_shape(shape) -> None:
     if len(shape) != 3 or shape[1] != PAGE_TOKENS or shape[2] != HEAD_DIM:
-        raise ValueError(f"pack_k_cache expects keys of shape [num_pages, 64, 128], got {list(shape)}")
+        raise ValueError(f"pack_k_cache expects keys of shape [num_pages, {PAGE_TOKENS}, {HEAD_DIM}], "
+                         f"got {list(shape)}")
 
 
 def unpack_k_cache(k_cache) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""A plain float64 reference of the operator, and the SPEC's tolerance check.
+"""A plain float64 reference of the operator, and the tolerance check of docs/contract.md §4.
 
 Readable on purpose: it is the definition the fast paths are measured against, and a way for
 users to check their own setups. Inputs may be numpy, torch or JAX arrays on any device.
@@ -12,7 +12,8 @@ import ml_dtypes
 import numpy as np
 
 from ._arrays import to_numpy
-from .kv_cache import PAGE_TOKENS, unpack_k_cache
+from .contract import DEFAULT_TOPK, PAGE_TOKENS
+from .kv_cache import unpack_k_cache
 
 TOLERANCE = 1e-3  # of max|score| of the row: Hopper FP8 accumulation may swap near-ties at the cut
 
@@ -63,7 +64,7 @@ def rank_order(row: RowScores) -> np.ndarray:
     return np.lexsort((row.positions, -np.where(nan, -np.inf, s), nan))
 
 
-def reference(q, k_cache, weights, seq_lens, block_table, topk: int = 2048, sorted: bool = False) -> np.ndarray:
+def reference(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False) -> np.ndarray:
     """The exact answer under float64 scores, as int32 ``[B, topk]`` (numpy)."""
     rows = reference_scores(q, k_cache, weights, seq_lens, block_table)
     out = np.full((len(rows), topk), -1, dtype=np.int32)
@@ -77,7 +78,7 @@ def reference(q, k_cache, weights, seq_lens, block_table, topk: int = 2048, sort
 
 def check_topk(indices, q, k_cache, weights, seq_lens, block_table, *, sorted: bool = False,
                rows: list[RowScores] | None = None, tolerance: float = TOLERANCE) -> list[str]:
-    """Problems found in `indices` under the SPEC's tolerance rule; an empty list means correct.
+    """Problems found in `indices` under the tolerance rule; an empty list means correct.
 
     A row is correct when: the count of -1 is exact and they form the tail; every id belongs to
     the row and appears once; the smallest chosen score is no smaller than the K-th largest

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from .kv_cache import HEAD_DIM, PAGE_TOKENS, pack_k_cache
-
-NUM_HEADS = 64
+from .contract import HEAD_DIM, NUM_HEADS, PAGE_TOKENS
+from .kv_cache import pack_k_cache
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Shared fixtures and builders for the ffi_dsa test suite (see SPEC.md).
+"""Shared fixtures and builders for the ffi_dsa test suite (the contract: docs/contract.md).
 
 * ``device``: every device test runs on "cpu" and "cuda"; the cuda cases carry ``@pytest.mark.cuda``
   and are skipped when ``torch.cuda.is_available()`` is False.
@@ -6,7 +6,7 @@
   checked to have been overwritten afterwards.
 * ``make_exact_batch``: batches whose scores are exact in any accumulation order (small integers in
   q, k and weights, unit scales), so the tie rule can be checked exactly against ``ffi_dsa.reference``.
-* ``set_token`` / ``token_id``: edit one token of the paged cache through the SPEC's page layout.
+* ``set_token`` / ``token_id``: edit one token of the paged cache through the contract's page layout (docs/contract.md §1).
 """
 
 from __future__ import annotations
@@ -17,14 +17,9 @@ import pytest
 import torch
 
 import ffi_dsa
+from ffi_dsa.contract import DEFAULT_TOPK as DEFAULT_K
+from ffi_dsa.contract import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_FP8_BYTES, PAGE_TOKENS
 from ffi_dsa.workloads import Batch, make_batch
-
-PAGE_TOKENS = 64
-HEAD_DIM = 128
-NUM_HEADS = 64
-PAGE_BYTES = 8448          # 64 tokens * 132 bytes
-PAGE_FP8_BYTES = 8192      # the 64 token rows of 128 fp8 bytes come first, then 64 float32 scales
-DEFAULT_K = 2048
 
 SENTINEL = 0x7EEEEEEE      # never a valid id (ids are < num_pages * 64) and never -1
 FP8 = ml_dtypes.float8_e4m3fn
@@ -98,7 +93,7 @@ def run_dps(args, topk=DEFAULT_K, *, sorted=False, validate=False) -> np.ndarray
 
 
 def assert_valid_topk(out, batch_or_args, *, sorted=False):
-    """The SPEC tolerance rule (``ffi_dsa.check_topk``) holds for every row."""
+    """The contract's tolerance rule (``ffi_dsa.check_topk``) holds for every row."""
     args = batch_or_args.args() if isinstance(batch_or_args, Batch) else batch_or_args
     problems = ffi_dsa.check_topk(out, *args, sorted=sorted)
     assert problems == [], "\n".join(problems[:10])
@@ -107,7 +102,7 @@ def assert_valid_topk(out, batch_or_args, *, sorted=False):
 def call_result(batch: Batch, topk=DEFAULT_K, *, sorted=False, device="cpu") -> np.ndarray:
     """``ffi_dsa.call`` on the batch's inputs on `device` ("cpu": numpy, "cuda": torch tensors), into a
     poisoned buffer: the bytes every other caller (torch op, JAX, TVM) must reproduce on that device.
-    Across devices SPEC promises only the tolerance rule (FP8 tensor cores add differently)."""
+    Across devices the contract promises only the tolerance rule (FP8 tensor cores add differently)."""
     if device == "cpu":
         out = poisoned_np((len(batch.seq_lens), topk))
         ffi_dsa.call(*batch.args(), out, sorted=sorted)
@@ -140,7 +135,7 @@ def assert_exact(out, batch: Batch, topk=DEFAULT_K, *, sorted=False):
 
 
 # ----------------------------------------------------------------------------------------------
-# Editing the paged cache through the SPEC's page layout.
+# Editing the paged cache through the contract's page layout (docs/contract.md §1).
 # ----------------------------------------------------------------------------------------------
 
 def fp8_bytes(values) -> np.ndarray:

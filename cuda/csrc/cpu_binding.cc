@@ -1,5 +1,6 @@
 // CPU module: checks the arguments once (validate.h) and forwards to the CPU path.
 #include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/map.h>
 #include <tvm/ffi/function.h>
 
 #include "ffi_dsa/cpu/indexer_cpu.h"
@@ -37,8 +38,18 @@ void CheckShapes(Array<int64_t> q, DLDataType q_dtype, Array<int64_t> k_cache, D
                             Meta("topk_indices", topk_indices, out_dtype));
 }
 
+// contract.h's layout constants, so that Python (ffi_dsa/contract.py) reads them instead of
+// writing them down a second time.
+tvm::ffi::Map<tvm::ffi::String, int64_t> ContractConstants() {
+  return {{"num_heads", ffi_dsa::kNumHeads},      {"head_dim", ffi_dsa::kHeadDim},
+          {"page_tokens", ffi_dsa::kPageTokens},  {"token_bytes", ffi_dsa::kTokenBytes},
+          {"page_fp8_bytes", ffi_dsa::kPageFp8Bytes}, {"page_bytes", ffi_dsa::kPageBytes},
+          {"max_topk", ffi_dsa::kMaxTopK}};
+}
+
 }  // namespace
 
 // DPS: (inputs..., output, scalar attrs) with no Optional arguments, the shape JAX's FFI needs.
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_indexer, TopkIndexerCpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(check_shapes, CheckShapes);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(contract_constants, ContractConstants);
