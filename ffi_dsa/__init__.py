@@ -4,19 +4,23 @@ For each decode row b, score every cached token t with 64 FP8 index heads,
 
     score[t] = sum_h weights[b, h] * relu(sum_d q[b, h, d] * k[t, d] * scale[t])
 
-and return the global ids (page * 64 + slot) of the K best tokens, -1 padded. See SPEC.md.
+and return the global ids (page * 64 + slot) of the K best tokens, -1 padded. The contract (layouts,
+ties, NaN, bad input, precision, entry points) is docs/contract.md of the repository; an installed
+package carries it as ffi_dsa/docs/contract.md.
 """
 
 from __future__ import annotations
 
 from pathlib import Path as _Path
 
+from ._build import NativeBuildError
 from .api import call, topk_indexer, validate_pages
 from .kv_cache import pack_k_cache, unpack_k_cache
 from .reference import check_topk, reference, reference_scores
 
-# In a source checkout the framework integrations sit in ../integration (a wheel carries them
-# inside the package): let `ffi_dsa.integration` resolve in both layouts.
+# In a source checkout the framework integrations and the benchmarks sit in ../integration and
+# ../benchmarks (a wheel carries them inside the package): let `ffi_dsa.integration` and
+# `ffi_dsa.benchmarks` resolve in both layouts.
 _repo = _Path(__file__).resolve().parent.parent
 if not (_Path(__file__).parent / "integration").is_dir() and (_repo / "integration" / "__init__.py").is_file():
     __path__.append(str(_repo))  # type: ignore[name-defined]  # noqa: F821
@@ -39,4 +43,5 @@ __all__ = [
     "reference",
     "reference_scores",
     "check_topk",
+    "NativeBuildError",
 ]

@@ -1,29 +1,43 @@
-"""Command line: ``python -m ffi_dsa {demo,bench} ...`` (also installed as ``ffi-dsa``).
+"""Command line: ``python -m ffi_dsa {demo,bench,info} ...`` (also installed as ``ffi-dsa``).
 
   demo   run one realistic decode batch on the best device present, time it, check it
-  bench  the benchmarks of the source repository (benchmarks/bench_cpu.py, bench_gpu.py);
-         options after ``bench`` (other than --device) go to that script: ``bench --device cpu --help``
+  bench  the benchmarks (ffi_dsa.benchmarks.bench_cpu / bench_gpu; they need torch, and matplotlib
+         for bench_gpu's plot: ``pip install "ffi-dsa[bench]"``); options after ``bench`` (other than
+         --device) go to that benchmark: ``bench --device cpu --help``
+  info   which native modules this installation uses (installed or JIT-built) and what they target
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import sys
-from pathlib import Path
 
 
-def _import_benchmarks(module: str):
-    """benchmarks/ is not part of the wheel: it lives next to the package in a source checkout."""
+def _import_benchmark(module: str):
     try:
-        return __import__(f"benchmarks.{module}", fromlist=["main"])
-    except ImportError as first_error:
-        repo = Path(__file__).resolve().parent.parent
-        if (repo / "benchmarks" / f"{module}.py").is_file():
-            sys.path.insert(0, str(repo))
-            sys.modules.pop("benchmarks", None)
-            return __import__(f"benchmarks.{module}", fromlist=["main"])
-        raise SystemExit(f"ffi_dsa bench: benchmarks/{module}.py not found ({first_error}); the benchmarks "
-                         "ship with the source repository, not the wheel: run this from a checkout") from None
+        return importlib.import_module(f"ffi_dsa.benchmarks.{module}")
+    except ImportError as err:
+        if err.name in ("torch", "matplotlib"):
+            raise SystemExit(f"ffi_dsa bench: the benchmark {module} needs {err.name}, which is not installed: "
+                             'pip install "ffi-dsa[bench]" (or torch / matplotlib yourself)') from None
+        raise
+
+
+def _info() -> int:
+    from . import _build, _ffi_api
+
+    report = {"package": str(_build._PACKAGE_DIR), "installed": _build.manifest() or None,
+              "cpu_module": _ffi_api.module_path("cpu"), "gpus": [f"{a}.{b}" for a, b in
+                                                                _build.visible_compute_capabilities()]}
+    if report["gpus"]:
+        try:
+            report["cuda_module"] = _ffi_api.module_path("cuda")
+        except _build.NativeBuildError as err:
+            report["cuda_module"] = f"unavailable: {err}"
+    print(json.dumps(report, indent=2))
+    return 0
 
 
 def _cuda_present() -> bool:
@@ -38,7 +52,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="ffi_dsa", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[1:]))
-    sub = parser.add_subparsers(dest="command", metavar="{demo,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{demo,bench,info}")
     sub.required = True
 
     from . import demo
@@ -49,19 +63,22 @@ def main(argv=None) -> int:
     bench_parser = sub.add_parser("bench", help="benchmarks (CPU: vs naive torch; CUDA: vs floor and peers)",
                                   add_help=False)
     bench_parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                              help="cpu -> benchmarks/bench_cpu.py, cuda -> benchmarks/bench_gpu.py "
+                              help="cpu -> ffi_dsa.benchmarks.bench_cpu, cuda -> ffi_dsa.benchmarks.bench_gpu "
                                    "(default: cuda when torch sees a GPU)")
+    sub.add_parser("info", help="which native modules are used, and what they target")
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         return demo.run(args.device, args.seed, args.rows, args.max_len, args.warmup, args.runs, args.sorted)
+    if args.command == "info":
+        return _info()
 
     device = args.device
     if device == "auto":
         device = "cuda" if _cuda_present() else "cpu"
-    module = _import_benchmarks("bench_gpu" if device == "cuda" else "bench_cpu")
+    module = _import_benchmark("bench_gpu" if device == "cuda" else "bench_cpu")
     return int(module.main(rest) or 0)
 
 

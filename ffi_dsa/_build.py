@@ -1,13 +1,22 @@
-"""JIT build of the native modules, cached by a hash of every source byte and every flag.
+"""Where the native modules come from: the ones built at install time, else a JIT build.
 
-The first call in a fresh environment compiles (seconds for the CPU module, longer for CUDA) and
-says so on stderr, with the cache location; later processes load the cached ``.so`` directly.
+``pip install`` compiles the modules with CMake (CMakeLists.txt) into ``ffi_dsa/lib``: the CPU module
+always (``-march=x86-64-v3``), the CUDA module when nvcc was found (sm_90a, static cudart);
+``lib/native.json`` says what is there. Without a fitting prebuilt module (a source checkout, a wheel
+built without nvcc, a GPU of an arch the wheel holds no code for) the sources are compiled on first
+use through tvm-ffi's JIT build: one line on stderr says so, and the result is cached by a hash of
+every source byte, flag and compiler version. When that build cannot run either, the error says
+what is missing (:class:`NativeBuildError`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +26,11 @@ from pathlib import Path
 import tvm_ffi
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
+LIB_DIR = _PACKAGE_DIR / "lib"
 
+
+class NativeBuildError(RuntimeError):
+    """A native module is neither installed nor buildable here; the message says what is missing."""
 
 
 def native_dir() -> Path:
@@ -25,24 +38,87 @@ def native_dir() -> Path:
     for candidate in (_PACKAGE_DIR / "cuda", _PACKAGE_DIR.parent / "cuda"):
         if (candidate / "include" / "ffi_dsa" / "contract.h").is_file():
             return candidate
-    raise RuntimeError(f"ffi_dsa: native sources not found next to {_PACKAGE_DIR}; reinstall the package")
+    raise NativeBuildError(f"ffi_dsa: the native sources are not next to {_PACKAGE_DIR} (neither cuda/ "
+                           "inside the package nor beside it); reinstall the package")
+
+
+@functools.cache
+def manifest() -> dict:
+    """What the install-time build put in lib/ (CMakeLists.txt writes it); {} in a source checkout."""
+    try:
+        return json.loads((LIB_DIR / "native.json").read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def prebuilt(kind: str) -> Path | None:
+    """The installed module of `kind` ('cpu' or 'cuda'), if the install-time build made one."""
+    entry = manifest().get(kind)
+    if entry and (LIB_DIR / entry["file"]).is_file():
+        return LIB_DIR / entry["file"]
+    return None
 
 
 def cache_root() -> Path:
     return Path(os.environ.get("FFI_DSA_CACHE_DIR", Path.home() / ".cache" / "ffi_dsa")).expanduser()
 
 
+def find_nvcc() -> Path | None:
+    """The toolkit's own nvcc. An nvcc on PATH may be a wrapper script (/usr/local/bin/nvcc on our
+    CPU machine), which misleads tvm-ffi's guess of the toolkit's include and lib directories."""
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    on_path = shutil.which("nvcc")
+    if on_path:
+        homes.append(str(Path(on_path).resolve().parent.parent))
+    homes.append("/usr/local/cuda")
+    for home in filter(None, homes):
+        nvcc = Path(home) / "bin" / "nvcc"
+        if nvcc.is_file() and (Path(home) / "include" / "cuda.h").is_file():
+            return nvcc
+    return None
+
+
 def cuda_home() -> str:
-    # /usr/local/bin/nvcc may be a wrapper script, which misleads tvm-ffi's guess of CUDA_HOME.
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home:
-        return home
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        real = Path(nvcc).resolve()
-        if real.parent.name == "bin" and (real.parent.parent / "include" / "cuda.h").exists():
-            return str(real.parent.parent)
-    return "/usr/local/cuda"
+    nvcc = find_nvcc()
+    return str(nvcc.parent.parent) if nvcc else os.environ.get("CUDA_HOME", "/usr/local/cuda")
+
+
+def visible_compute_capabilities() -> list[tuple[int, int]]:
+    """(major, minor) of every GPU the CUDA driver shows this process; [] without a driver. Asked
+    of libcuda directly, so JAX-only and numpy-only processes get the same answer as torch ones."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return []
+    count, major, minor, device = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return []
+    found = []
+    for ordinal in range(count.value):
+        if (cuda.cuDeviceGet(ctypes.byref(device), ordinal) == 0
+                and cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, device) == 0   # ..._COMPUTE_CAPABILITY_MAJOR
+                and cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, device) == 0):  # ..._COMPUTE_CAPABILITY_MINOR
+            found.append((major.value, minor.value))
+    return found
+
+
+def arch_runs_on(arch: str, capability: tuple[int, int]) -> bool:
+    """Whether SASS for `arch` ('sm_90a', 'sm_90') runs on a GPU of `capability`: arch-specific code
+    ('a'/'f' suffix) only on exactly that capability, plain code on the same major and a newer minor."""
+    m = re.fullmatch(r"sm_(\d+)(\d)([af]?)", arch)
+    if not m:
+        return False
+    major, minor = int(m[1]), int(m[2])
+    if m[3]:
+        return capability == (major, minor)
+    return capability[0] == major and capability[1] >= minor
+
+
+def _jit_arch(capability: tuple[int, int]) -> str:
+    # Hopper's wgmma/TMA exist only in the arch-specific target: "9.0a" -> compute_90a/sm_90a.
+    # (tvm-ffi's own detection would pick sm_90, where wgmma does not assemble.)
+    major, minor = capability
+    return f"{major}.{minor}{'a' if major >= 9 else ''}"
 
 
 def _tool_version(argv: list[str]) -> str:
@@ -63,10 +139,26 @@ def _source_hash(files: list[Path], flags: list[str], tools: list[str]) -> str:
     return digest.hexdigest()[:16]
 
 
+def _ninja_on_path() -> None:
+    """tvm-ffi runs `ninja` from PATH; the ninja wheel (a dependency) puts it in the environment's
+    bin/, which is not on PATH when Python is started by its full path without activating it."""
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja
+    except ImportError:
+        raise NativeBuildError("ffi_dsa: the JIT build needs ninja, which is neither on PATH nor importable: "
+                               "`pip install ninja`") from None
+    os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
 def build(name: str, sources: list[str], *, headers: list[str], cflags: list[str],
-          cuda_cflags: list[str] | None = None, ldflags: list[str] | None = None) -> str:
-    """Build (or reuse) module `name` from `sources`; `headers` are the globs (relative to
-    native_dir()) of what they include, so an edit to a CUDA header does not rebuild the CPU module."""
+          cuda_cflags: list[str] | None = None, ldflags: list[str] | None = None,
+          cuda_arch_list: str | None = None, reason: str = "JIT build", cache_dir: Path | None = None) -> str:
+    """JIT-build (or reuse from the cache) module `name` from `sources`; `headers` are the globs
+    (relative to native_dir()) of what they include, so an edit to a CUDA header does not rebuild
+    the CPU module. `cuda_arch_list` is tvm-ffi's TVM_FFI_CUDA_ARCH_LIST ("9.0a"); `cache_dir`
+    replaces cache_root()."""
     root = native_dir()
     cuda_cflags = list(cuda_cflags or [])
     ldflags = list(ldflags or [])
@@ -75,22 +167,21 @@ def build(name: str, sources: list[str], *, headers: list[str], cflags: list[str
     tools = [_tool_version([os.environ.get("CXX", "c++"), "--version"])]
     if has_cuda:
         tools.append(_tool_version([str(Path(cuda_home()) / "bin" / "nvcc"), "--version"]))
-    key = _source_hash(files, [*sources, *cflags, *cuda_cflags, *ldflags], tools)
-    build_dir = cache_root() / f"{name}_{key}"
+    key = _source_hash(files, [*sources, *cflags, *cuda_cflags, *ldflags, cuda_arch_list or ""], tools)
+    build_dir = (cache_dir or cache_root()) / f"{name}_{key}"
     library = build_dir / f"{name}.so"
     if library.is_file():
         return str(library)
 
-    print(f"ffi_dsa: building {name} (first use in this environment; cached in {build_dir}) ...",
+    _ninja_on_path()
+    print(f"ffi_dsa: building {name} ({reason}; cached in {build_dir}) ...",
           file=sys.stderr, flush=True)
     start = time.perf_counter()
     env_backup = {k: os.environ.get(k) for k in ("CUDA_HOME", "TVM_FFI_CUDA_ARCH_LIST")}
     try:
         if has_cuda:
             os.environ["CUDA_HOME"] = cuda_home()
-            # Hopper only, and sm_90a exactly: tvm-ffi's auto-detection picks sm_90, where wgmma
-            # does not assemble. "9.0a" becomes -gencode=arch=compute_90a,code=sm_90a.
-            os.environ["TVM_FFI_CUDA_ARCH_LIST"] = "9.0a"
+            os.environ["TVM_FFI_CUDA_ARCH_LIST"] = cuda_arch_list or "9.0a"
         path = tvm_ffi.cpp.build(
             name=name,
             cpp_files=[str(root / s) for s in sources if not s.endswith(".cu")] or None,
@@ -101,6 +192,8 @@ def build(name: str, sources: list[str], *, headers: list[str], cflags: list[str
             extra_include_paths=[str(root / "include")],
             build_directory=str(build_dir),
         )
+    except Exception as err:
+        raise NativeBuildError(f"ffi_dsa: the JIT build of {name} in {build_dir} failed: {err}") from err
     finally:
         for k, v in env_backup.items():
             if v is None:
@@ -111,23 +204,59 @@ def build(name: str, sources: list[str], *, headers: list[str], cflags: list[str
     return path
 
 
-CPU_FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-pthread"]
+# The JIT build targets the machine it runs on; the wheel's module targets x86-64-v3 (CMakeLists.txt).
+JIT_CPU_FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-pthread"]
+
+
+def jit_cpu_library(reason: str = "JIT build", cache_dir: Path | None = None) -> str:
+    return build("ffi_dsa_cpu", ["csrc/cpu_binding.cc"], headers=["include/ffi_dsa/*.h", "include/ffi_dsa/cpu/*.h"],
+                 cflags=JIT_CPU_FLAGS, ldflags=["-pthread"], reason=reason, cache_dir=cache_dir)
 
 
 def cpu_library() -> str:
-    return build("ffi_dsa_cpu", ["csrc/cpu_binding.cc"], headers=["include/ffi_dsa/*.h", "include/ffi_dsa/cpu/*.h"],
-                 cflags=CPU_FLAGS, ldflags=["-pthread"])
+    """The CPU module to load: the installed one, else a JIT build."""
+    installed = prebuilt("cpu")
+    return str(installed) if installed else jit_cpu_library(f"no installed CPU module in {LIB_DIR}")
 
 
-def cuda_library() -> str:
+def jit_cuda_library(arch_list: str = "9.0a", reason: str = "JIT build") -> str:
     home = cuda_home()
     return build(
         "ffi_dsa_cuda",
-        ["csrc/cuda_binding.cu"],
+        sorted(str(p.relative_to(native_dir())) for p in (native_dir() / "csrc").glob("*.cu")),
         headers=["include/ffi_dsa/*.h", "include/ffi_dsa/impls/*.cuh"],
         cflags=["-O3"],
-        # the -gencode flag comes from TVM_FFI_CUDA_ARCH_LIST, set in build()
         cuda_cflags=["-O3", "-std=c++17", "-lineinfo"],
         # libcudart is found where torch or JAX already loaded it, else in the toolkit.
         ldflags=[f"-Wl,-rpath,{home}/lib64"],
+        cuda_arch_list=arch_list,
+        reason=reason,
     )
+
+
+def cuda_library() -> str:
+    """The CUDA module to load: the installed one when its archs cover every visible GPU, else a
+    JIT build for those GPUs; NativeBuildError, saying what is missing, when neither can be had."""
+    capabilities = sorted(set(visible_compute_capabilities()))
+    installed = prebuilt("cuda")
+    archs = (manifest().get("cuda") or {}).get("archs", [])
+    uncovered = [c for c in capabilities if not any(arch_runs_on(a, c) for a in archs)]
+    if installed and not uncovered:
+        return str(installed)
+    if installed:
+        why = (f"the installed CUDA module holds {', '.join(archs)} code and this machine has a GPU of compute "
+               f"capability {', '.join(f'{c[0]}.{c[1]}' for c in uncovered)}")
+    elif manifest():
+        why = f"this installation holds no CUDA module (nvcc was not found when it was built; {LIB_DIR})"
+    else:
+        why = f"this is a source checkout with no installed CUDA module ({LIB_DIR} holds none)"
+    if find_nvcc() is None:
+        raise NativeBuildError(
+            f"ffi_dsa: no usable CUDA module: {why}; building one needs nvcc, which was not found "
+            f"(CUDA_HOME={os.environ.get('CUDA_HOME')!r}, no nvcc on PATH, no /usr/local/cuda/bin/nvcc). "
+            "Install the CUDA toolkit (12.8 or newer) and set CUDA_HOME to it, then either reinstall ffi-dsa "
+            "(`pip install .` builds the sm_90a module into the wheel) or call again (the first CUDA call "
+            "builds it, ~20 s, cached in $FFI_DSA_CACHE_DIR)."
+        )
+    arch_list = " ".join(sorted({_jit_arch(c) for c in uncovered})) or "9.0a"
+    return jit_cuda_library(arch_list, reason=f"{why}; for {arch_list} with {find_nvcc()}")

@@ -1,7 +1,8 @@
 """The native functions, loaded once per process.
 
-The CPU module always loads (no CUDA runtime needed). The CUDA module is built and loaded only
-when a CUDA tensor arrives, so the package imports and works on machines without a GPU.
+The CPU module always loads (no CUDA runtime needed). The CUDA module is loaded only when a CUDA
+tensor arrives, so the package imports and works on machines without a GPU. _build decides where
+each comes from: the module installed with the package, else a JIT build.
 """
 
 from __future__ import annotations
@@ -17,10 +18,15 @@ _lock = threading.Lock()
 
 
 @functools.cache
-def _load(kind: str) -> tvm_ffi.Module:
+def module_path(kind: str) -> str:
+    """The file the `kind` ('cpu' or 'cuda') module is loaded from."""
     with _lock:
-        path = _build.cpu_library() if kind == "cpu" else _build.cuda_library()
-        return tvm_ffi.load_module(path)
+        return _build.cpu_library() if kind == "cpu" else _build.cuda_library()
+
+
+@functools.cache
+def _load(kind: str) -> tvm_ffi.Module:
+    return tvm_ffi.load_module(module_path(kind))
 
 
 def cpu_module() -> tvm_ffi.Module:

@@ -1,0 +1,103 @@
+"""The package as installed: where its modules come from, the JIT fallback, its command line, and
+the layout constants (docs/contract.md §1, §6)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ffi_dsa
+from ffi_dsa import __main__ as cli
+from ffi_dsa import _build, _ffi_api, contract
+from ffi_dsa.workloads import make_batch
+
+from conftest import CUDA, poisoned_np
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI") == "true"
+
+
+@pytest.mark.skipif(not IN_CI, reason="CI=true only: a developer may test the source tree")
+def test_ci_tests_the_installed_package_with_its_prebuilt_modules():
+    """CI installs the wheel in a fresh venv: the suite must import that copy, not the checkout,
+    and run the CPU module built at install time (a wheel without it would otherwise pass on JIT)."""
+    package = Path(ffi_dsa.__file__).resolve().parent
+    assert not package.is_relative_to(CHECKOUT), f"ffi_dsa was imported from the checkout: {package}"
+    assert _build.prebuilt("cpu") is not None, f"the installed package has no CPU module in {_build.LIB_DIR}"
+    assert Path(_ffi_api.module_path("cpu")) == _build.prebuilt("cpu")
+    assert (_build.native_dir() / "csrc" / "cpu_binding.cc").is_file(), "the JIT fallback's sources are missing"
+
+
+def test_layout_constants_are_those_of_contract_h():
+    """ffi_dsa.contract reads the compiled module; the sources a JIT build would compile say the same."""
+    header = (_build.native_dir() / "include" / "ffi_dsa" / "contract.h").read_text()
+    written = {name: int(value) for name, value in re.findall(r"constexpr int (k\w+) = (\d+);", header)}
+    assert written["kNumHeads"] == contract.NUM_HEADS
+    assert written["kHeadDim"] == contract.HEAD_DIM
+    assert written["kPageTokens"] == contract.PAGE_TOKENS
+    assert written["kTokenBytes"] == contract.TOKEN_BYTES
+    assert written["kMaxTopK"] == contract.MAX_TOPK
+    assert contract.PAGE_BYTES == contract.PAGE_TOKENS * contract.TOKEN_BYTES
+    assert contract.PAGE_FP8_BYTES == contract.PAGE_TOKENS * contract.HEAD_DIM
+
+
+@pytest.mark.slow
+def test_jit_fallback_builds_the_shipped_sources_and_gives_the_same_bytes(tmp_path):
+    """The sources the package carries compile (as a source checkout or an uncovered GPU would
+    build them) and the result equals the loaded module's byte for byte."""
+    import tvm_ffi
+
+    jit = tvm_ffi.load_module(_build.jit_cpu_library(cache_dir=tmp_path))["topk_indexer"]
+    batch = make_batch([3000, 0, 700, 64], seed=71)
+    got, expected = poisoned_np((4, 256)), poisoned_np((4, 256))
+    jit(*batch.args(), got, False)  # numpy inputs; q is uint8 bytes of fp8
+    ffi_dsa.call(*batch.args(), expected)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_no_nvcc_and_no_cuda_module_is_one_error_saying_what_is_missing(monkeypatch):
+    """A Hopper machine without nvcc and without a prebuilt CUDA module: NativeBuildError naming
+    nvcc, CUDA_HOME and the two ways out (not ninja's exit status)."""
+    monkeypatch.setattr(_build, "visible_compute_capabilities", lambda: [(9, 0)])
+    monkeypatch.setattr(_build, "prebuilt", lambda kind: None)
+    monkeypatch.setattr(_build, "find_nvcc", lambda: None)
+    with pytest.raises(ffi_dsa.NativeBuildError) as exc:
+        _build.cuda_library()
+    message = str(exc.value)
+    for needed in ("nvcc", "CUDA_HOME", "CUDA toolkit", "pip install"):
+        assert needed in message, message
+
+
+@pytest.mark.parametrize("arch, capability, runs", [
+    ("sm_90a", (9, 0), True), ("sm_90a", (10, 0), False), ("sm_90a", (8, 9), False),
+    ("sm_80", (8, 6), True), ("sm_86", (8, 0), False), ("sm_90", (10, 0), False), ("compute_90", (9, 0), False),
+])
+def test_which_installed_archs_run_on_which_gpu(arch, capability, runs):
+    assert _build.arch_runs_on(arch, capability) is runs
+
+
+@pytest.mark.cuda
+def test_gpu_covered_by_the_installed_cuda_module_loads_it_without_a_jit_build():
+    """Where the wheel holds a CUDA module for this GPU, that module is used (no nvcc needed)."""
+    if _build.prebuilt("cuda") is None:
+        pytest.skip("this installation holds no CUDA module (built without nvcc, or a source checkout)")
+    assert Path(_ffi_api.module_path("cuda")) == _build.prebuilt("cuda")
+
+
+def test_cli_bench_runs_from_the_package(capsys):
+    """`python -m ffi_dsa bench` finds its benchmark inside the package (installed or checkout)."""
+    assert cli.main(["bench", "--device", "cpu", "--batch", "2", "--tokens", "300", "--runs", "1",
+                     "--warmup", "0", "--no-naive"]) == 0
+    assert "ffi_dsa" in capsys.readouterr().out
+
+
+def test_cli_info_reports_the_cpu_module(capsys):
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert _ffi_api.module_path("cpu") in out
+    if not CUDA:
+        assert '"gpus": []' in out
