@@ -7,6 +7,9 @@ import numpy as np
 # DLPack device types (dlpack.h)
 DL_CPU, DL_CUDA = 1, 2
 
+# The op's tensor arguments in order, as the C++ checks and docs/contract.md name them.
+ARG_NAMES = ("q_index_fp8", "k_index_cache_fp8", "weights", "seq_lens", "block_table", "topk_indices")
+
 
 def framework(x) -> str:
     module = type(x).__module__
@@ -41,10 +44,41 @@ def device_type(x) -> str:
     raise ValueError(f"ffi_dsa supports CPU and CUDA tensors, got DLPack device type {dev_type}")
 
 
+def check_tensor(x, name: str) -> None:
+    """TypeError/ValueError naming the argument when `x` cannot reach the kernel as a tensor: not a
+    DLPack tensor at all (a list, None, a framework object without __dlpack__), or a tensor with no
+    data (torch's meta device)."""
+    if isinstance(x, np.ndarray):
+        return
+    if not hasattr(x, "__dlpack__"):
+        raise TypeError(f"{name} must be a tensor (torch, JAX, numpy, CuPy: anything with __dlpack__), "
+                        f"got {type(x).__module__}.{type(x).__qualname__}")
+    if getattr(x, "is_meta", False):
+        raise ValueError(f"{name} is a torch meta tensor (shapes only, no data): ffi_dsa runs on CPU and CUDA "
+                         "tensors (torch.ops.dsa.* give meta tensors their fake result)")
+
+
+def named_argument_error(err: Exception, args) -> Exception:
+    """The error to raise for `err`, caught around a call of the native function with the op's
+    tensor arguments `args`: the first argument that is no tensor, named; else `err` itself (tvm-ffi
+    reports a mistyped argument by its position only)."""
+    for x, name in zip(args, ARG_NAMES):
+        try:
+            check_tensor(x, name)
+        except (TypeError, ValueError) as named:
+            return named
+    return err
+
+
 def as_dlpack_ready(x, name: str, fp8_ok: bool = False, output: bool = False):
-    """numpy float8 arrays cannot be exported through DLPack. The one fp8 argument
-    (q_index_fp8, float8_e4m3fn) travels as a uint8 view of the same bytes; any other float8
-    (another fp8 format, or fp8 where the op wants something else) is a dtype error."""
+    """`x` checked (check_tensor) and in a form DLPack can export. numpy float8 arrays cannot be
+    exported: the one fp8 argument (q_index_fp8, float8_e4m3fn) travels as a uint8 view of the same
+    bytes; any other float8 (another fp8 format, or fp8 where the op wants something else) is a
+    dtype error."""
+    check_tensor(x, name)
+    if output and framework(x) == "jax":
+        raise TypeError(f"{name} is a JAX array, which is immutable: call ffi_dsa.topk_indexer (it returns a new "
+                        "JAX array) instead of writing into one")
     if isinstance(x, np.ndarray) and x.dtype.name.startswith("float8"):
         if fp8_ok and x.dtype.name == "float8_e4m3fn":
             return x.view(np.uint8)

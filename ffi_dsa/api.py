@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from . import _arrays, _ffi_api
-from .kv_cache import PAGE_TOKENS
+from .contract import DEFAULT_TOPK, PAGE_TOKENS
 
 
 def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool = False,
@@ -18,30 +20,33 @@ def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool 
     ``validate=True`` also checks page ids and lengths on the host (a device-to-host copy for
     CUDA inputs) and raises instead of masking them.
     """
-    if validate:
-        validate_pages(k_cache, seq_lens, block_table)
-    fn = _ffi_api.topk_indexer_for(_arrays.device_type(q))
-    fn(
+    # every argument is checked (and named when wrong) before the device is read off q
+    ready = (
         _arrays.as_dlpack_ready(q, "q_index_fp8", fp8_ok=True),
         _arrays.as_dlpack_ready(k_cache, "k_index_cache_fp8"),
         _arrays.as_dlpack_ready(weights, "weights"),
         _arrays.as_dlpack_ready(seq_lens, "seq_lens"),
         _arrays.as_dlpack_ready(block_table, "block_table"),
         _arrays.as_dlpack_ready(topk_indices, "topk_indices", output=True),
-        bool(sorted),
     )
+    if validate:
+        validate_pages(k_cache, seq_lens, block_table)
+    _ffi_api.topk_indexer_for(_arrays.device_type(q))(*ready, bool(sorted))
 
 
 def checked_topk(topk) -> int:
     """K as an int, or ValueError: the one check of K that C++ cannot make (a negative K is no
     output shape), shared by every entry point that allocates the output."""
-    topk = int(topk)
+    try:
+        topk = operator.index(topk)
+    except TypeError:
+        raise TypeError(f"topk must be an int, got {topk!r}") from None
     if topk < 0:
         raise ValueError(f"topk must be >= 0, got {topk}")
     return topk
 
 
-def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = 2048, sorted: bool = False,
+def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False,
                  validate: bool = False):
     """Allocating form of :func:`call`: returns int32 ``[B, topk]`` in the caller's array type."""
     if _arrays.framework(q) == "jax":
@@ -51,6 +56,7 @@ def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = 2048, s
             validate_pages(k_cache, seq_lens, block_table)
 
         return jax_ffi.topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=topk, sorted=sorted)
+    _arrays.check_tensor(q, _arrays.ARG_NAMES[0])
     topk = checked_topk(topk)
     batch = q.shape[0] if len(q.shape) else 0
     out = _arrays.empty_like_framework(q, (batch, topk), "int32")

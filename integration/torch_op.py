@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 
 from .. import _ffi_api
+from .._arrays import ARG_NAMES, named_argument_error
 from ..api import checked_topk
 
 NAMESPACE = "dsa"
@@ -64,27 +65,47 @@ def _batch(q: torch.Tensor):
 def _topk_indexer_kernel(q, k_cache, weights, seq_lens, block_table, topk=2048, sorted=False):
     if topk < 0:
         checked_topk(topk)
-    device = q.device
-    out = torch.empty((q.shape[0] if q.dim() else 0, topk), dtype=torch.int32, device=device)
-    # Dispatch on q's device: a mismatched argument reaches the C++ placement check (ValueError)
-    # instead of the dispatcher picking a kernel from whichever tensor has the "highest" device.
-    _ffi_api.topk_indexer_for(device.type)(q, k_cache, weights, seq_lens, block_table, out, sorted)
+    # The dispatcher lets None through for a Tensor argument: named here, off the hot path.
+    try:
+        device = q.device
+        out = torch.empty((q.shape[0] if q.dim() else 0, topk), dtype=torch.int32, device=device)
+        # Dispatch on q's device: a mismatched argument reaches the C++ placement check (ValueError)
+        # instead of the dispatcher picking a kernel from whichever tensor has the "highest" device.
+        _ffi_api.topk_indexer_for(device.type)(q, k_cache, weights, seq_lens, block_table, out, sorted)
+    except (TypeError, AttributeError) as err:
+        raise named_argument_error(err, (q, k_cache, weights, seq_lens, block_table)) from None
     return out
 
 
 def _topk_indexer_out_kernel(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted=False):
-    _ffi_api.topk_indexer_for(q.device.type)(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted)
+    try:
+        _ffi_api.topk_indexer_for(q.device.type)(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted)
+    except (TypeError, AttributeError) as err:
+        raise named_argument_error(err, (q, k_cache, weights, seq_lens, block_table, topk_indices)) from None
 
 
 # ---- fake (meta) kernels ---------------------------------------------------------------------
 
+def _same_device(tensors) -> None:
+    """Under meta/fake tensors the dispatcher picks the fake kernel when any argument is meta, so the
+    real kernel's placement check would never see a meta argument among real ones: checked here."""
+    for t, name in zip(tensors, ARG_NAMES):
+        if t is None:
+            raise TypeError(f"{name} must be a tensor, got None")
+        if t.device != tensors[0].device:
+            raise ValueError(f"{name} is on {t.device} but q_index_fp8 is on {tensors[0].device}; every "
+                             "argument must be on one device")
+
+
 def _topk_indexer_fake(q, k_cache, weights, seq_lens, block_table, topk=2048, sorted=False):
     if isinstance(topk, int):
         checked_topk(topk)
+    _same_device((q, k_cache, weights, seq_lens, block_table))
     return q.new_empty((_batch(q), topk), dtype=torch.int32)
 
 
 def _topk_indexer_out_fake(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted=False):
+    _same_device((q, k_cache, weights, seq_lens, block_table, topk_indices))
     return None
 
 

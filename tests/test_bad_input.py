@@ -1,4 +1,4 @@
-"""SPEC "Degenerate and bad input": caller mistakes raise before anything is launched or written.
+"""docs/contract.md §3, caller mistakes: raise before anything is launched or written.
 
 "Wrong dtype, rank, shape, device, non-contiguous memory, mismatched devices, K larger than the kernel
 supports: a clear Python exception (ValueError/TypeError) naming the argument and what was expected.
@@ -128,7 +128,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_bad_argument_raises_names_it_and_writes_nothing(device, case):
-    """Each mistake raises the SPEC's exception type, names the argument, and writes nothing."""
+    """Each mistake raises the contract's exception type, names the argument, and writes nothing."""
     _, which, mutate, exc_type = case
     args = _good_args(device)
     original_out = args["out"]
@@ -239,15 +239,89 @@ def test_numpy_fp8_array_for_a_non_fp8_argument_is_a_dtype_error(which):
     assert (original_out == SENTINEL).all()
 
 
+class _NotATensor:
+    """A framework object that is no DLPack tensor (no __dlpack__), e.g. a dataframe column."""
+
+    shape = (B, K)
+
+
+NOT_TENSORS = {"list": lambda x: x.tolist(), "None": lambda x: None, "str": lambda x: "q",
+               "object": lambda x: _NotATensor()}
+
+
+@pytest.mark.parametrize("kind", NOT_TENSORS)
 @pytest.mark.parametrize("which", NAMES)
-def test_argument_that_is_not_a_tensor_is_a_type_error(which):
-    """A Python list (or None) instead of a tensor is a TypeError, before anything is written."""
+def test_argument_that_is_not_a_tensor_is_a_type_error_naming_it(which, kind):
+    """A Python list, None, a string or an object without __dlpack__ instead of a tensor: TypeError
+    naming the argument, before anything is written."""
     args = _np_args()
     original_out = args["out"]
-    args[which] = args[which].tolist() if which != "out" else None
-    with pytest.raises(TypeError):
+    args[which] = NOT_TENSORS[kind](args[which])
+    with pytest.raises(TypeError) as exc:
         ffi_dsa.call(*(args[n] for n in NAMES))
+    assert ARG_NAME[which] in str(exc.value), str(exc.value)
     assert (original_out == SENTINEL).all()
+
+
+@pytest.mark.parametrize("kind", ["list", "None"])
+def test_topk_indexer_q_that_is_not_a_tensor_is_a_type_error_naming_it(kind):
+    args = _np_args()
+    with pytest.raises(TypeError, match="q_index_fp8"):
+        ffi_dsa.topk_indexer(NOT_TENSORS[kind](args["q"]), *(args[n] for n in NAMES[1:5]), topk=K)
+
+
+@pytest.mark.parametrize("topk", [None, "64", 64.5j])
+def test_topk_that_is_not_an_int_is_a_type_error_naming_it(topk):
+    args = _np_args()
+    with pytest.raises(TypeError, match="topk"):
+        ffi_dsa.topk_indexer(*(args[n] for n in NAMES[:5]), topk=topk)
+
+
+@pytest.mark.parametrize("which", NAMES)
+def test_meta_tensor_is_a_value_error_naming_it(which):
+    """A torch meta tensor (shapes, no data) given to ffi_dsa.call: ValueError naming it."""
+    args = _good_args("cpu")
+    original_out = args["out"]
+    args[which] = args[which].to("meta")
+    with pytest.raises(ValueError) as exc:
+        ffi_dsa.call(*(args[n] for n in NAMES))
+    assert ARG_NAME[which] in str(exc.value) and "meta" in str(exc.value), str(exc.value)
+    assert (original_out == SENTINEL).all()
+
+
+def test_jax_array_as_the_dps_output_is_a_type_error():
+    """JAX arrays are immutable: ffi_dsa.call must not write into one."""
+    jnp = pytest.importorskip("jax.numpy")
+    args = _np_args()
+    args["out"] = jnp.full((B, K), SENTINEL, dtype=jnp.int32)
+    with pytest.raises(TypeError, match="topk_indices"):
+        ffi_dsa.call(*(args[n] for n in NAMES))
+    assert (np.asarray(args["out"]) == SENTINEL).all()
+
+
+@pytest.mark.parametrize("op", ["topk_indexer", "topk_indexer_out"])
+@pytest.mark.parametrize("which", NAMES[:5])
+def test_torch_op_with_none_is_a_type_error_naming_it(op, which):
+    """torch's dispatcher lets None through for a Tensor argument: the op names it."""
+    args = _good_args("cpu")
+    original_out = args["out"]
+    args[which] = None
+    fn = getattr(torch.ops.dsa, op)
+    with pytest.raises(TypeError, match=ARG_NAME[which]):
+        if op == "topk_indexer":
+            fn(*(args[n] for n in NAMES[:5]), topk=K)
+        else:
+            fn(*(args[n] for n in NAMES))
+    assert (original_out == SENTINEL).all()
+
+
+@pytest.mark.parametrize("which", NAMES[1:5])
+def test_torch_op_with_one_meta_argument_is_a_value_error_naming_it(which):
+    """One meta tensor among CPU tensors sends torch.ops to the fake kernel, which checks placement."""
+    args = _good_args("cpu")
+    args[which] = args[which].to("meta")
+    with pytest.raises(ValueError, match=ARG_NAME[which]):
+        torch.ops.dsa.topk_indexer(*(args[n] for n in NAMES[:5]), topk=K)
 
 
 # ----------------------------------------------------------------------------------------------
