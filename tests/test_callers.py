@@ -1,4 +1,4 @@
-"""SPEC "Entry points (one compiled op, many callers)".
+"""docs/contract.md §5, entry points: one compiled op, many callers.
 
 q may be float8_e4m3fn or "a uint8/int8 view of the same bytes"; the cache may be int8 or uint8. Every
 caller form must give the same bytes. ``ffi_dsa.topk_indexer`` allocates in the caller's framework.

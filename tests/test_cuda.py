@@ -65,7 +65,7 @@ def _one_kernel_batch_size() -> int:
 
 @pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
 def test_big_batch_of_rows_up_to_16k_one_cta_per_row(sorted_):
-    """The one-kernel path: SPEC edge lengths up to the longest row it takes (16384 tokens), random
+    """The one-kernel path: the contract's edge lengths up to the longest row it takes (16384 tokens), random
     page order, invalid page ids (negative, one past the end, far out), NaN tokens and a NaN row
     (tolerance rule, every output written)."""
     rows = _one_kernel_batch_size()
@@ -293,7 +293,7 @@ def test_after_copies_on_the_stream_eager_and_in_a_graph(lens):
 
 def test_cpu_and_cuda_agree_random_via_tolerance():
     """Both devices give valid top-K answers on the same random batch (they may differ only where the
-    SPEC's tolerance allows)."""
+    the contract's tolerance allows)."""
     batch = make_batch([20000, 4000, 2047, 1], seed=108)
     for sorted_ in (False, True):
         cpu = run_dps(batch.to_torch("cpu"), sorted=sorted_)

@@ -1,5 +1,5 @@
-"""The Python helpers the tests and users rely on: pack_k_cache / unpack_k_cache (SPEC "Page layout"),
-the float64 reference (SPEC "What is computed"), and check_topk (SPEC "Precision") — including a
+"""The Python helpers the tests and users rely on: pack_k_cache / unpack_k_cache (docs/contract.md §1),
+the float64 reference (§2), and check_topk (§4) — including a
 "test the tester" check that check_topk really reports broken answers.
 """
 
@@ -285,7 +285,7 @@ def test_check_topk_catches_nan_chosen_over_a_number():
 
 
 def test_check_topk_tolerates_swaps_within_the_tolerance_only():
-    """The SPEC's tolerance: a near-tie at the cut (within 1e-3 * max|score|) may swap; a clear loser may not."""
+    """The contract's tolerance (docs/contract.md §4): a near-tie at the cut (within 1e-3 * max|score|) may swap; a clear loser may not."""
     batch = make_batch([3000], seed=98)
     row = ffi_dsa.reference_scores(*batch.args())[0]
     order = np.argsort(-row.scores, kind="stable")

@@ -1,4 +1,4 @@
-"""SPEC lengths, pages and device-only facts.
+"""docs/contract.md §1-§3: lengths, pages and device-only facts.
 
 * "seq_lens[b] == 0: the whole row is -1. B == 0: nothing is written, no error."
 * "seq_lens[b] < K: the first seq_lens[b] entries are valid, the rest -1."

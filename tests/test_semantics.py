@@ -1,6 +1,6 @@
-"""SPEC "What is computed": scores, the top-K selection, the output order, determinism.
+"""docs/contract.md §2, what is computed: scores, the top-K selection, the output order, determinism.
 
-Random data is checked with the SPEC's tolerance rule (``ffi_dsa.check_topk``); exact-score data
+Random data is checked with the contract's tolerance rule (§4) (``ffi_dsa.check_topk``); exact-score data
 (small integers, unit scales) is checked byte for byte against ``ffi_dsa.reference``.
 """
 

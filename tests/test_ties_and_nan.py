@@ -1,4 +1,4 @@
-"""SPEC ties and special values, on exact-score data (checked exactly against ``ffi_dsa.reference``).
+"""docs/contract.md §2, ties and special values, on exact-score data (checked exactly against ``ffi_dsa.reference``).
 
 * "Ties: among equal scores, the token with the smaller position t wins."
 * "NaN in a key, scale, query or weight makes the score NaN. NaN scores rank below every number

@@ -1,4 +1,4 @@
-// Constants of the operator contract (SPEC.md), shared by every native path.
+// Constants of the operator contract (docs/contract.md), shared by every native path.
 #pragma once
 #include <cstdint>
 
@@ -18,7 +18,7 @@ constexpr int kPageFp8Bytes = kPageTokens * kHeadDim;         // 8192: fp8 rows 
 constexpr int kPageBytes = kPageTokens * kTokenBytes;          // 8448: then 64 float32 scales
 constexpr int kMaxTopK = 2048;         // largest K any path accepts (smem budget of the CUDA path)
 
-// SPEC "bad input": a negative length counts as 0, one past the block table is cut to it.
+// docs/contract.md §3: a negative length counts as 0, one past the block table is cut to it.
 FFI_DSA_CONTRACT_HD int64_t ClampLength(int64_t n, int64_t max_pages) {
   const int64_t cap = max_pages * kPageTokens;
   return n < 0 ? 0 : (n > cap ? cap : n);

@@ -1,4 +1,4 @@
-// The SPEC ranking as unsigned integer order, shared by the CPU and CUDA paths so that both
+// The ranking of docs/contract.md §2 as unsigned integer order, shared by the CPU and CUDA paths so that both
 // break ties and place NaN identically.
 #pragma once
 #include <cstdint>
