@@ -26,7 +26,9 @@ def test_ci_tests_the_installed_package_with_its_prebuilt_modules():
     """CI installs the wheel in a fresh venv: the suite must import that copy, not the checkout,
     and run the CPU module built at install time (a wheel without it would otherwise pass on JIT)."""
     package = Path(ffi_dsa.__file__).resolve().parent
-    assert not package.is_relative_to(CHECKOUT), f"ffi_dsa was imported from the checkout: {package}"
+    # the README's venv may sit inside the checkout: what matters is that this is not its source folder
+    assert package != CHECKOUT / "ffi_dsa", f"ffi_dsa was imported from the checkout's sources: {package}"
+    assert "site-packages" in package.parts, f"ffi_dsa is not an installed package: {package}"
     assert _build.prebuilt("cpu") is not None, f"the installed package has no CPU module in {_build.LIB_DIR}"
     assert Path(_ffi_api.module_path("cpu")) == _build.prebuilt("cpu")
     assert (_build.native_dir() / "csrc" / "cpu_binding.cc").is_file(), "the JIT fallback's sources are missing"
