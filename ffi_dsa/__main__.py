@@ -28,7 +28,7 @@ def _import_benchmark(module: str):
 def _info() -> int:
     from . import _build, _ffi_api
 
-    report = {"package": str(_build._PACKAGE_DIR), "installed": _build.manifest() or None,
+    report = {"package": str(_build.LIB_DIR.parent), "installed": _build.manifest() or None,
               "cpu_module": _ffi_api.module_path("cpu"), "gpus": [f"{a}.{b}" for a, b in
                                                                 _build.visible_compute_capabilities()]}
     if report["gpus"]:

@@ -114,13 +114,6 @@ def arch_runs_on(arch: str, capability: tuple[int, int]) -> bool:
     return capability[0] == major and capability[1] >= minor
 
 
-def _jit_arch(capability: tuple[int, int]) -> str:
-    # Hopper's wgmma/TMA exist only in the arch-specific target: "9.0a" -> compute_90a/sm_90a.
-    # (tvm-ffi's own detection would pick sm_90, where wgmma does not assemble.)
-    major, minor = capability
-    return f"{major}.{minor}{'a' if major >= 9 else ''}"
-
-
 def _tool_version(argv: list[str]) -> str:
     try:
         return subprocess.run(argv, capture_output=True, text=True, check=False).stdout.strip()
@@ -181,7 +174,7 @@ def build(name: str, sources: list[str], *, headers: list[str], cflags: list[str
     try:
         if has_cuda:
             os.environ["CUDA_HOME"] = cuda_home()
-            os.environ["TVM_FFI_CUDA_ARCH_LIST"] = cuda_arch_list or "9.0a"
+            os.environ["TVM_FFI_CUDA_ARCH_LIST"] = cuda_arch_list
         path = tvm_ffi.cpp.build(
             name=name,
             cpp_files=[str(root / s) for s in sources if not s.endswith(".cu")] or None,
@@ -219,7 +212,7 @@ def cpu_library() -> str:
     return str(installed) if installed else jit_cpu_library(f"no installed CPU module in {LIB_DIR}")
 
 
-def jit_cuda_library(arch_list: str = "9.0a", reason: str = "JIT build") -> str:
+def jit_cuda_library(arch_list: str, reason: str = "JIT build") -> str:
     home = cuda_home()
     return build(
         "ffi_dsa_cuda",
@@ -234,18 +227,23 @@ def jit_cuda_library(arch_list: str = "9.0a", reason: str = "JIT build") -> str:
     )
 
 
+# The CUDA sources hold Hopper kernels only (wgmma, TMA: arch-specific sm_90a code; tvm-ffi's own
+# arch detection would pick sm_90, where wgmma does not assemble). A GPU of another capability gets
+# the CUDA module's own "needs a Hopper GPU" error at its first call, with or without a JIT build.
+SOURCE_ARCH_LIST, SOURCE_CAPABILITY = "9.0a", (9, 0)
+
+
 def cuda_library() -> str:
-    """The CUDA module to load: the installed one when its archs cover every visible GPU, else a
-    JIT build for those GPUs; NativeBuildError, saying what is missing, when neither can be had."""
-    capabilities = sorted(set(visible_compute_capabilities()))
+    """The CUDA module to load: the installed one unless it holds no code for a Hopper GPU present,
+    else a JIT build; NativeBuildError, saying what is missing, when neither can be had."""
     installed = prebuilt("cuda")
     archs = (manifest().get("cuda") or {}).get("archs", [])
-    uncovered = [c for c in capabilities if not any(arch_runs_on(a, c) for a in archs)]
-    if installed and not uncovered:
+    hopper_uncovered = (SOURCE_CAPABILITY in visible_compute_capabilities()
+                        and not any(arch_runs_on(a, SOURCE_CAPABILITY) for a in archs))
+    if installed and not hopper_uncovered:
         return str(installed)
     if installed:
-        why = (f"the installed CUDA module holds {', '.join(archs)} code and this machine has a GPU of compute "
-               f"capability {', '.join(f'{c[0]}.{c[1]}' for c in uncovered)}")
+        why = f"the installed CUDA module holds {', '.join(archs)} code, none for this Hopper GPU"
     elif manifest():
         why = f"this installation holds no CUDA module (nvcc was not found when it was built; {LIB_DIR})"
     else:
@@ -258,5 +256,4 @@ def cuda_library() -> str:
             "(`pip install .` builds the sm_90a module into the wheel) or call again (the first CUDA call "
             "builds it, ~20 s, cached in $FFI_DSA_CACHE_DIR)."
         )
-    arch_list = " ".join(sorted({_jit_arch(c) for c in uncovered})) or "9.0a"
-    return jit_cuda_library(arch_list, reason=f"{why}; for {arch_list} with {find_nvcc()}")
+    return jit_cuda_library(SOURCE_ARCH_LIST, reason=f"{why}; for {SOURCE_ARCH_LIST} with {find_nvcc()}")

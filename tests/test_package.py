@@ -74,6 +74,34 @@ def test_no_nvcc_and_no_cuda_module_is_one_error_saying_what_is_missing(monkeypa
         assert needed in message, message
 
 
+INSTALLED = Path("/installed/ffi_dsa_cuda.so")
+
+
+@pytest.mark.parametrize("archs, gpus, nvcc, expected", [
+    (["sm_90a"], [(9, 0)], None, "installed"),          # the wheel's module serves the H100, nvcc or not
+    (["sm_90a"], [(8, 0)], "/cuda/bin/nvcc", "installed"),  # non-Hopper: the module's own error, no JIT
+    (["sm_90a"], [], None, "installed"),                # no driver answer: try the installed one
+    (["sm_100a"], [(9, 0)], "/cuda/bin/nvcc", "jit"),   # a Hopper GPU the wheel holds no code for
+    (["sm_100a"], [(9, 0)], None, "error"),
+    (None, [(9, 0)], "/cuda/bin/nvcc", "jit"),          # built without nvcc, or a source checkout
+    (None, [(9, 0)], None, "error"),
+])
+def test_which_cuda_module_is_loaded(monkeypatch, archs, gpus, nvcc, expected):
+    """The installed CUDA module unless a Hopper GPU present has no code in it; then a JIT build, or
+    NativeBuildError when nvcc is missing too."""
+    entry = {"file": INSTALLED.name, "archs": archs} if archs else None
+    monkeypatch.setattr(_build, "manifest", lambda: {"cpu": {}, "cuda": entry})
+    monkeypatch.setattr(_build, "prebuilt", lambda kind: INSTALLED if entry else None)
+    monkeypatch.setattr(_build, "visible_compute_capabilities", lambda: gpus)
+    monkeypatch.setattr(_build, "find_nvcc", lambda: Path(nvcc) if nvcc else None)
+    monkeypatch.setattr(_build, "jit_cuda_library", lambda arch_list, reason: f"jit {arch_list}")
+    if expected == "error":
+        with pytest.raises(ffi_dsa.NativeBuildError, match="nvcc"):
+            _build.cuda_library()
+    else:
+        assert _build.cuda_library() == {"installed": str(INSTALLED), "jit": "jit 9.0a"}[expected]
+
+
 @pytest.mark.parametrize("arch, capability, runs", [
     ("sm_90a", (9, 0), True), ("sm_90a", (10, 0), False), ("sm_90a", (8, 9), False),
     ("sm_80", (8, 6), True), ("sm_86", (8, 0), False), ("sm_90", (10, 0), False), ("compute_90", (9, 0), False),
