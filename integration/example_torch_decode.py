@@ -26,9 +26,11 @@ except ImportError:  # run as a script from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import ffi_dsa
 
+from ffi_dsa.contract import HEAD_DIM as DIM  # noqa: E402
+from ffi_dsa.contract import NUM_HEADS as HEADS  # noqa: E402
+from ffi_dsa.contract import PAGE_TOKENS as PAGE  # noqa: E402
 from ffi_dsa.integration import torch_op  # noqa: F401  (registers torch.ops.dsa.*)
-
-PAGE, HEADS, DIM, FP8_MAX = 64, 64, 128, 448.0
+from ffi_dsa.kv_cache import FP8_MAX  # noqa: E402
 
 
 def quantize_fp8(x: torch.Tensor):
