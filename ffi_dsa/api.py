@@ -12,11 +12,13 @@ from .contract import DEFAULT_TOPK, PAGE_TOKENS
 
 def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool = False,
          validate: bool = False) -> None:
-    """Destination-passing style: write the top-K token ids of each row into `topk_indices`.
+    """Destination-passing style: write the top-K token ids of each row into `topk_indices`, as
+    docs/contract.md defines them.
 
     Arguments are DLPack tensors (torch, CuPy, numpy on CPU; JAX through
     ``ffi_dsa.integration.jax_ffi``) that all live on one device. K is ``topk_indices.shape[1]``.
-    Shape, dtype and device mistakes raise ValueError/TypeError before anything is written.
+    Mistakes (dtype, shape, device, no tensor at all) raise TypeError/ValueError naming the
+    argument before anything is written.
     ``validate=True`` also checks page ids and lengths on the host (a device-to-host copy for
     CUDA inputs) and raises instead of masking them.
     """
