@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path as _Path
 
 from .api import call, topk_indexer, validate_pages
+from .cpu_options import cpu_kernel, cpu_kernels, set_cpu_kernel, set_cpu_threads
 from .kv_cache import pack_k_cache, unpack_k_cache
 from .reference import check_topk, reference, reference_scores
 
@@ -39,4 +40,8 @@ __all__ = [
     "reference",
     "reference_scores",
     "check_topk",
+    "set_cpu_kernel",
+    "cpu_kernel",
+    "cpu_kernels",
+    "set_cpu_threads",
 ]

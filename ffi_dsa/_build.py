@@ -111,7 +111,9 @@ def build(name: str, sources: list[str], *, headers: list[str], cflags: list[str
     return path
 
 
-CPU_FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-pthread"]
+# No -march: the baseline stays the compiler's portable default (x86-64 on x86), so the cached
+# module runs on any CPU; the SIMD variants carry their own ISA and are picked at run time.
+CPU_FLAGS = ["-O3", "-ffp-contract=fast", "-fno-math-errno", "-pthread"]
 
 
 def cpu_library() -> str:

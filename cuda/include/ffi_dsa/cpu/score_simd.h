@@ -1,0 +1,53 @@
+// The SIMD variants of the CPU scoring, compiled side by side for x86-64 with per-function ISA
+// attributes, so a module built for a lower baseline (x86-64, x86-64-v3) still carries them and
+// picks one at run time (dispatch.h) without executing an instruction its CPU lacks:
+//   avx2        FP32 FMA on 8-lane vectors
+//   avx512      FP32 FMA on 16-lane vectors
+//   avx512bf16  vdpbf16ps: FP8 decodes exactly to BF16 (3 mantissa bits fit in 7), BF16 pairs are
+//               multiplied exactly and accumulated in FP32, twice the products per instruction.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "ffi_dsa/contract.h"
+#include "ffi_dsa/fp8_e4m3.h"
+#include "ffi_dsa/rank_key.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define FFI_DSA_CPU_X86 1
+#include <immintrin.h>
+#else
+#define FFI_DSA_CPU_X86 0
+#endif
+
+#if FFI_DSA_CPU_X86
+namespace ffi_dsa::cpu {
+
+namespace avx2 {
+#define FFI_DSA_CPU_TARGET __attribute__((target("avx2,fma")))
+constexpr int kLanes = 8;
+constexpr int kHeadVecsPerBlock = 2;  // 6 tokens x 2 vectors: 12 accumulators of 16 ymm registers
+#include "ffi_dsa/cpu/variant_common.h"
+#include "ffi_dsa/cpu/variant_fp32.h"
+#undef FFI_DSA_CPU_TARGET
+}  // namespace avx2
+
+namespace avx512 {
+#define FFI_DSA_CPU_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
+constexpr int kLanes = 16;
+constexpr int kHeadVecsPerBlock = 4;  // 6 tokens x 4 vectors: 24 accumulators of 32 zmm registers
+#include "ffi_dsa/cpu/variant_common.h"
+#include "ffi_dsa/cpu/variant_fp32.h"
+#undef FFI_DSA_CPU_TARGET
+}  // namespace avx512
+
+namespace avx512bf16 {
+#define FFI_DSA_CPU_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")))
+constexpr int kLanes = 16;
+#include "ffi_dsa/cpu/variant_common.h"
+#include "ffi_dsa/cpu/variant_bf16.h"
+#undef FFI_DSA_CPU_TARGET
+}  // namespace avx512bf16
+
+}  // namespace ffi_dsa::cpu
+#endif  // FFI_DSA_CPU_X86
