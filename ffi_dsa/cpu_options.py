@@ -18,8 +18,9 @@ from . import _ffi_api
 
 
 def set_cpu_kernel(name: str = "auto") -> str:
-    """Use scoring variant `name` ("auto" or one of :func:`cpu_kernels`) from now on; returns the
-    variant in effect. ValueError for an unknown name or one this CPU cannot run."""
+    """Use scoring variant `name` ("auto" or one of :func:`cpu_kernels`) from now on. Returns the
+    previous setting ("auto" or a name), to restore it with. ValueError (and no change) for an
+    unknown name or one this CPU cannot run."""
     return str(_ffi_api.cpu_module()["set_cpu_kernel"](str(name)))
 
 

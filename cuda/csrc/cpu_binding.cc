@@ -43,12 +43,12 @@ void CheckShapes(Array<int64_t> q, DLDataType q_dtype, Array<int64_t> k_cache, D
 }
 
 // The scoring variant of later calls: "auto" (the best this CPU supports) or one of
-// cpu_kernels(). Returns the variant now in effect; an unknown or unsupported name raises.
+// cpu_kernels(). Returns the previous setting ("auto" or a name), so a caller can restore it;
+// an unknown or unsupported name raises and changes nothing.
 String SetCpuKernel(String name) {
   const std::string requested(name);
-  if (requested == "auto") {
-    cpu::ForcedCpuKernel().store(cpu::kAutoKernel);
-  } else {
+  int setting = cpu::kAutoKernel;
+  if (requested != "auto") {
     const auto kernel = cpu::ParseCpuKernel(requested);
     if (!kernel) {
       TVM_FFI_THROW(ValueError) << "unknown CPU kernel '" << requested
@@ -57,9 +57,10 @@ String SetCpuKernel(String name) {
     if (!cpu::CpuKernelSupported(*kernel)) {
       TVM_FFI_THROW(ValueError) << "CPU kernel '" << requested << "' needs instructions this CPU lacks";
     }
-    cpu::ForcedCpuKernel().store(static_cast<int>(*kernel));
+    setting = static_cast<int>(*kernel);
   }
-  return String(cpu::CpuKernelName(cpu::ActiveCpuKernel()));
+  const int previous = cpu::ForcedCpuKernel().exchange(setting);
+  return String(previous == cpu::kAutoKernel ? "auto" : cpu::CpuKernelName(static_cast<cpu::CpuKernel>(previous)));
 }
 
 String CpuKernelInEffect() { return String(cpu::CpuKernelName(cpu::ActiveCpuKernel())); }
