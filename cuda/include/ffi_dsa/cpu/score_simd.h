@@ -27,6 +27,9 @@ namespace avx2 {
 #define FFI_DSA_CPU_TARGET __attribute__((target("avx2,fma")))
 constexpr int kLanes = 8;
 constexpr int kHeadVecsPerBlock = 2;  // 6 tokens x 2 vectors: 12 accumulators of 16 ymm registers
+FFI_DSA_CPU_TARGET inline __m256i WidenBytes(const uint8_t* bytes) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
+}
 #include "ffi_dsa/cpu/variant_common.h"
 #include "ffi_dsa/cpu/variant_fp32.h"
 #undef FFI_DSA_CPU_TARGET
@@ -36,6 +39,9 @@ namespace avx512 {
 #define FFI_DSA_CPU_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
 constexpr int kLanes = 16;
 constexpr int kHeadVecsPerBlock = 4;  // 6 tokens x 4 vectors: 24 accumulators of 32 zmm registers
+FFI_DSA_CPU_TARGET inline __m512i WidenBytes(const uint8_t* bytes) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+}
 #include "ffi_dsa/cpu/variant_common.h"
 #include "ffi_dsa/cpu/variant_fp32.h"
 #undef FFI_DSA_CPU_TARGET
@@ -44,6 +50,9 @@ constexpr int kHeadVecsPerBlock = 4;  // 6 tokens x 4 vectors: 24 accumulators o
 namespace avx512bf16 {
 #define FFI_DSA_CPU_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")))
 constexpr int kLanes = 16;
+FFI_DSA_CPU_TARGET inline __m512i WidenBytes(const uint8_t* bytes) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+}
 #include "ffi_dsa/cpu/variant_common.h"
 #include "ffi_dsa/cpu/variant_bf16.h"
 #undef FFI_DSA_CPU_TARGET

@@ -6,6 +6,7 @@
 // No include guard: included once per variant namespace (score_simd.h).
 
 constexpr int kPairs = kHeadDim / 2;
+constexpr int kBf16PerVector = 2 * kLanes;
 constexpr int kTokensPerBlock = 6;                          // 24 accumulators of 32 zmm registers
 constexpr int kTailTokens = kPageTokens % kTokensPerBlock;  // the page's last, shorter block
 static_assert(kTailTokens > 0 && kHeadVecs * kLanes == kNumHeads);
@@ -26,10 +27,31 @@ FFI_DSA_CPU_TARGET inline void PrepareQuery(const uint8_t* q_row, const float* w
   }
 }
 
-// 2 * kLanes FP8 bytes to BF16; exact, since every E4M3 value is a BF16 value.
-FFI_DSA_CPU_TARGET inline void DecodeE4M3ToBf16(const uint8_t* bytes, uint16_t* out) {
-  const __m512 low = DecodeE4M3(bytes), high = DecodeE4M3(bytes + kLanes);
-  _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(high, low));
+// BF16 bits of the 8 E4M3 subnormal magnitudes (m * 2^-9, m < 8) in the low words of a vector,
+// the table DecodeE4M3ToBf16 looks them up in.
+FFI_DSA_CPU_TARGET inline __m512i SubnormalBf16Table() {
+  constexpr __mmask32 kFirstEight = 0xFF;
+  return _mm512_maskz_loadu_epi16(kFirstEight, E4M3Bf16Table().data());
+}
+
+// 32 FP8 bytes to BF16, exactly, in 16-bit lanes (every E4M3 value is a BF16 value): normal numbers
+// move their exponent bias from 7 to 127 and their 3 mantissa bits up to BF16's 7, subnormals come
+// from the table, 0x7F/0xFF are NaN. A third of the work of decoding to float32 first.
+FFI_DSA_CPU_TARGET inline void DecodeE4M3ToBf16(const uint8_t* bytes, __m512i subnormal_table, uint16_t* out) {
+  constexpr short kMagnitudeMask = 0x7F, kSignBit = 0x80, kNaNMagnitude = 0x7F, kFirstNormal = 8;
+  constexpr short kExponentRebias = (127 - 7) << 7;
+  constexpr int kMantissaShift = 7 - 3, kSignShift = 15 - 7;
+  constexpr short kBf16NaN = 0x7FC0;
+  const __m512i byte = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes)));
+  const __m512i magnitude = _mm512_and_si512(byte, _mm512_set1_epi16(kMagnitudeMask));
+  const __m512i normal =
+      _mm512_add_epi16(_mm512_slli_epi16(magnitude, kMantissaShift), _mm512_set1_epi16(kExponentRebias));
+  const __mmask32 subnormal = _mm512_cmplt_epu16_mask(magnitude, _mm512_set1_epi16(kFirstNormal));
+  const __mmask32 nan = _mm512_cmpeq_epi16_mask(magnitude, _mm512_set1_epi16(kNaNMagnitude));
+  __m512i value = _mm512_mask_permutexvar_epi16(normal, subnormal, magnitude, subnormal_table);
+  value = _mm512_mask_mov_epi16(value, nan, _mm512_set1_epi16(kBf16NaN));
+  const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(byte, _mm512_set1_epi16(kSignBit)), kSignShift);
+  _mm512_storeu_si512(out, _mm512_or_si512(value, sign));
 }
 
 // logits[i][h] = sum_d q[h][d] * k[i][d] for kTok BF16 token rows k [kTok][kHeadDim].
@@ -65,11 +87,14 @@ FFI_DSA_CPU_TARGET inline void ScorePage(const PreparedQuery& pq, const uint8_t*
   alignas(64) uint16_t k[kTokensPerBlock * kHeadDim];
   alignas(64) float logits[kTokensPerBlock * kNumHeads];
   std::memcpy(scale, page + kPageFp8Bytes, sizeof(scale));  // little-endian float32, as packed
+  const __m512i subnormal_table = SubnormalBf16Table();
   for (int t0 = 0; t0 < count; t0 += kTokensPerBlock) {
     // A block may run past `count`: those rows exist (same page), their keys are not written.
     const bool full = t0 + kTokensPerBlock <= kPageTokens;
     const int rows = full ? kTokensPerBlock : kTailTokens;
-    for (int e = 0; e < rows * kHeadDim; e += 2 * kLanes) DecodeE4M3ToBf16(page + t0 * kHeadDim + e, k + e);
+    for (int e = 0; e < rows * kHeadDim; e += kBf16PerVector) {
+      DecodeE4M3ToBf16(page + t0 * kHeadDim + e, subnormal_table, k + e);
+    }
     if (full) {
       LogitsBlock<kTokensPerBlock>(pq, k, logits);
     } else {

@@ -1,12 +1,13 @@
 // Vector helpers of one SIMD variant, included once per variant (score_simd.h) inside its
-// namespace after it defines kLanes (floats per vector) and FFI_DSA_CPU_TARGET (the ISA attribute):
+// namespace after it defines kLanes (floats per vector), FFI_DSA_CPU_TARGET (the ISA attribute) and
+// WidenBytes (kLanes bytes zero-extended to 32-bit lanes, with the ISA's intrinsic: GCC scalarizes
+// __builtin_convertvector from bytes to ints, one insert per lane):
 // the same source becomes an AVX2, an AVX-512 and an AVX-512-BF16 build in one translation unit.
-// GCC/Clang vector extensions keep it free of per-ISA intrinsics.
+// GCC/Clang vector extensions keep it nearly free of per-ISA intrinsics.
 // No include guard: included once per variant namespace (score_simd.h).
 
 using VecF = float __attribute__((vector_size(kLanes * sizeof(float))));
 using VecI = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
-using VecB = uint8_t __attribute__((vector_size(kLanes)));
 constexpr int kHeadVecs = kNumHeads / kLanes;
 
 FFI_DSA_CPU_TARGET inline VecF LoadF(const float* p) {
@@ -30,9 +31,7 @@ FFI_DSA_CPU_TARGET inline VecF DecodeE4M3(const uint8_t* bytes) {
   constexpr int32_t kExponentRebias = (127 - 7) << 23;
   constexpr int32_t kMantissaShift = 23 - 3;                    // 3 mantissa bits to float32's 23
   constexpr float kSubnormalUnit = 1.0f / 512.0f;               // 2^-9: E4M3's smallest subnormal
-  VecB raw;
-  std::memcpy(&raw, bytes, sizeof(raw));
-  const VecI byte = __builtin_convertvector(raw, VecI);
+  const VecI byte = (VecI)WidenBytes(bytes);
   const VecI magnitude = byte & kMagnitudeMask;
   const VecF normal = AsF((magnitude << kMantissaShift) + kExponentRebias);
   const VecF subnormal = __builtin_convertvector(magnitude, VecF) * kSubnormalUnit;
