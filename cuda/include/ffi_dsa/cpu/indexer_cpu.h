@@ -56,12 +56,20 @@ void ParallelFor(int threads, int64_t count, Fn&& fn) {
   for (auto& th : pool) th.join();
 }
 
+// The calling thread's key buffer, kept between calls: a fresh one (4 bytes a token) would be
+// page-faulted and zeroed by the kernel on every call. Every key is written before it is read.
+inline std::vector<uint32_t>& CallerKeyBuffer() {
+  thread_local std::vector<uint32_t> keys;
+  return keys;
+}
+
 inline void RunIndexerCpu(const IndexerArgs& a, bool sorted_by_score) {
   if (a.batch == 0 || a.topk == 0) return;
   // Token offsets of each row in one flat key buffer.
   std::vector<int64_t> row_offset(a.batch + 1, 0);
   for (int64_t b = 0; b < a.batch; ++b) row_offset[b + 1] = row_offset[b] + ClampedLength(a, b);
-  std::vector<uint32_t> keys(static_cast<size_t>(row_offset[a.batch]));
+  std::vector<uint32_t>& keys = CallerKeyBuffer();  // a reference: the workers must share this one
+  keys.resize(static_cast<size_t>(row_offset[a.batch]));
 
   // Work items are groups of pages of one row, so a single long row still uses every core.
   constexpr int64_t kPagesPerItem = 16;

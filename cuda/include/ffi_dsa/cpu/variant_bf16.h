@@ -18,15 +18,6 @@ struct PreparedQuery {
   alignas(64) float weights[kNumHeads];
 };
 
-FFI_DSA_CPU_TARGET inline void PrepareQuery(const uint8_t* q_row, const float* weights_row, PreparedQuery* out) {
-  const auto& table = E4M3Bf16Table();
-  for (int h = 0; h < kNumHeads; ++h) {
-    const uint8_t* q = q_row + h * kHeadDim;
-    for (int p = 0; p < kPairs; ++p) out->q_pairs[p][h] = table[q[2 * p]] | (uint32_t{table[q[2 * p + 1]]} << 16);
-    out->weights[h] = weights_row[h];
-  }
-}
-
 // BF16 bits of the 8 E4M3 subnormal magnitudes (m * 2^-9, m < 8) in the low words of a vector,
 // the table DecodeE4M3ToBf16 looks them up in.
 FFI_DSA_CPU_TARGET inline __m512i SubnormalBf16Table() {
@@ -52,6 +43,29 @@ FFI_DSA_CPU_TARGET inline void DecodeE4M3ToBf16(const uint8_t* bytes, __m512i su
   value = _mm512_mask_mov_epi16(value, nan, _mm512_set1_epi16(kBf16NaN));
   const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(byte, _mm512_set1_epi16(kSignBit)), kSignShift);
   _mm512_storeu_si512(out, _mm512_or_si512(value, sign));
+}
+
+// Decodes each head's 128 FP8 values with the page decoder, then moves each (2p, 2p + 1) pair
+// word from [h][p] to [p][h].
+FFI_DSA_CPU_TARGET inline void PrepareQuery(const uint8_t* q_row, const float* weights_row, PreparedQuery* out) {
+  alignas(64) uint16_t decoded[kNumHeads][kHeadDim];
+  const __m512i subnormal_table = SubnormalBf16Table();
+  for (int h = 0; h < kNumHeads; ++h) {
+    for (int e = 0; e < kHeadDim; e += kBf16PerVector) {
+      DecodeE4M3ToBf16(q_row + h * kHeadDim + e, subnormal_table, &decoded[h][e]);
+    }
+  }
+  // Word offsets of pair 0 of heads 0..15 in `decoded`; a gather per 16 heads moves one pair.
+  constexpr int kWordsPerHead = kHeadDim / 2;
+  const __m512i head_offsets = _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(kWordsPerHead));
+  for (int p = 0; p < kPairs; ++p) {
+    for (int h0 = 0; h0 < kNumHeads; h0 += kLanes) {
+      const __m512i pairs = _mm512_i32gather_epi32(head_offsets, &decoded[h0][2 * p], sizeof(uint32_t));
+      _mm512_store_si512(&out->q_pairs[p][h0], pairs);
+    }
+  }
+  std::memcpy(out->weights, weights_row, sizeof(out->weights));
 }
 
 // logits[i][h] = sum_d q[h][d] * k[i][d] for kTok BF16 token rows k [kTok][kHeadDim].
