@@ -1,7 +1,8 @@
 // Vector helpers of one SIMD variant, included once per variant (score_simd.h) inside its
 // namespace after it defines kLanes (floats per vector), FFI_DSA_CPU_TARGET (the ISA attribute) and
-// WidenBytes (kLanes bytes zero-extended to 32-bit lanes, with the ISA's intrinsic: GCC scalarizes
-// __builtin_convertvector from bytes to ints, one insert per lane):
+// two hooks spelled with the ISA's intrinsics, where GCC's generic code is slow: WidenBytes (kLanes
+// bytes zero-extended to 32-bit lanes; GCC scalarizes __builtin_convertvector from bytes to ints,
+// one insert per lane) and ReduceAdd (the sum of a vector's lanes, as a tree of adds):
 // the same source becomes an AVX2, an AVX-512 and an AVX-512-BF16 build in one translation unit.
 // GCC/Clang vector extensions keep it nearly free of per-ISA intrinsics.
 // No include guard: included once per variant namespace (score_simd.h).
@@ -41,12 +42,6 @@ FFI_DSA_CPU_TARGET inline VecF DecodeE4M3(const uint8_t* bytes) {
   return AsF(AsI(value) | ((byte & kSignBit) << kSignShift));
 }
 
-FFI_DSA_CPU_TARGET inline float HorizontalSum(VecF v) {
-  float total = 0.0f;
-  for (int l = 0; l < kLanes; ++l) total += v[l];
-  return total;
-}
-
 // Rank keys of `count` tokens from their logits [count][kNumHeads]:
 // score = sum_h weights[h] * relu(logit[h] * scale), relu keeping NaN as the SPEC asks.
 FFI_DSA_CPU_TARGET inline void ScoreTokens(const float* logits, const float* weights, const float* scale,
@@ -57,6 +52,6 @@ FFI_DSA_CPU_TARGET inline void ScoreTokens(const float* logits, const float* wei
       const VecF x = LoadF(logits + i * kNumHeads + j * kLanes) * scale[i];
       sum += LoadF(weights + j * kLanes) * (x < 0.0f ? VecF{} : x);
     }
-    keys[i] = ScoreToKey(HorizontalSum(sum));
+    keys[i] = ScoreToKey(ReduceAdd(sum));
   }
 }
