@@ -74,6 +74,20 @@ def test_exact_data_partial_pages_and_masked_pages(cpu_kernel, topk, sorted_):
 
 
 @pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "score_order"])
+def test_cut_among_nan_scores_next_to_masked_tokens(cpu_kernel, sorted_):
+    """The K-th best is a NaN score while masked tokens (an invalid page) sit among the NaN ones:
+    all real scores win, then the NaN tokens by position, never a masked token."""
+    batch = make_exact_batch([700], seed=37)
+    nan_key = np.zeros(128, np.uint8)
+    nan_key[0] = 0x7F
+    for t in range(400):
+        set_token(batch, 0, t, raw=nan_key)
+    batch.block_table[0, 2] = -1  # tokens 128..191: no candidates
+    out = run_dps(batch.args(), topk=600, sorted=sorted_)
+    assert_exact(out, batch, topk=600, sorted=sorted_)
+
+
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "score_order"])
 def test_realistic_data_within_tolerance(cpu_kernel, sorted_):
     """Random FP8 data and scales: a valid top-K under the SPEC tolerance."""
     batch = make_batch([8192, 3001, 700, 64, 2049], seed=41)

@@ -91,7 +91,7 @@ inline void RunIndexerCpu(const IndexerArgs& a, bool sorted_by_score) {
            a.num_pages, keys.data() + row_offset[it.row]});
   });
   ParallelFor(std::min<int64_t>(threads, a.batch), a.batch, [&](int64_t b) {
-    thread_local std::vector<uint64_t> scratch;
+    thread_local SelectScratch scratch;
     thread_local std::vector<int64_t> positions;
     positions.resize(a.topk);
     const int64_t n = ClampedLength(a, b);
