@@ -72,7 +72,7 @@ inline CpuKernel ActiveCpuKernel() {
   return forced == kAutoKernel ? BestCpuKernel() : static_cast<CpuKernel>(forced);
 }
 
-// Scores pages [first_page, end_page) of one row with variant V into row_keys (by position).
+// One work item: pages [first_page, end_page) of one row, whose keys go to row_keys by position.
 struct RowPages {
   const uint8_t* q_row;
   const float* weights_row;
@@ -82,10 +82,12 @@ struct RowPages {
   uint32_t* row_keys;
 };
 
+// Scores one work item with a variant's query preparation and page scoring; plain code around
+// the variant's functions, so it needs no ISA of its own.
 template <typename Query, void (*Prepare)(const uint8_t*, const float*, Query*),
           void (*Score)(const Query&, const uint8_t*, int, uint32_t*)>
 void ScoreRowPages(const RowPages& r) {
-  // Preparing the query costs ~0.1% of an item's scoring, so every item does its own.
+  // Preparing the query costs a few percent of an item's scoring, so every item does its own.
   Query pq;
   Prepare(r.q_row, r.weights_row, &pq);
   for (int64_t p = r.first_page; p < r.end_page; ++p) {
