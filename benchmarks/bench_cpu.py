@@ -1,6 +1,6 @@
 """CPU benchmark: ffi_dsa vs the naive torch version, side by side in one process.
 
-    python benchmarks/bench_cpu.py [--batch 16 --tokens 8192 --runs 10 --warmup 2 --json PATH]
+    python benchmarks/bench_cpu.py [--batch 16 --tokens 8192 --runs 10 --warmup 2 --kernels all --json PATH]
     python -m ffi_dsa bench --device cpu [same options]
 
 Both run on the same 16 x 8K-token batch (ffi_dsa.workloads.make_batch, fixed seed), each timed
@@ -8,6 +8,10 @@ as the median of N calls after warm-up with time.perf_counter (interleaved: one 
 version per round, so background load hits them alike), and both outputs are checked with
 ffi_dsa.check_topk under the contract's tolerance (docs/contract.md) (the naive output is ordered by score: sorted=True).
 ffi_dsa is timed with numpy inputs and, when torch is importable, with torch CPU tensors too.
+--kernels times the numpy version once per CPU scoring variant (ffi_dsa.set_cpu_kernel before each
+call, outside the timed region), each labelled with the variant it ran; the default is the one
+"auto" picks. The load average before and after is printed (other processes on a 2-core machine
+change every number).
 Exit code: 1 when a check fails, 2 when --min-speedup is given and not met, else 0.
 """
 
@@ -44,8 +48,10 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch.set_num_threads for the naive version (default: torch's own choice)")
     parser.add_argument("--no-naive", action="store_true", help="time ffi_dsa only")
+    parser.add_argument("--kernels", default="auto",
+                        help="CPU scoring variants to time, comma-separated, or 'all' (default: auto)")
     parser.add_argument("--min-speedup", type=float, default=None,
-                        help="exit 2 unless ffi_dsa (numpy inputs) beats naive torch by this factor")
+                        help="exit 2 unless ffi_dsa (numpy inputs, auto variant) beats naive torch by this factor")
     parser.add_argument("--json", type=Path, default=None, help="write the numbers here")
     a = parser.parse_args(argv)
 
@@ -55,7 +61,11 @@ def main(argv=None) -> int:
     gen_s = time.perf_counter() - t0
     tokens = batch.tokens
     machine = f"{os.cpu_count()} cores, {cpu_name()}, Python {platform.python_version()}"
+    kernels = _kernels(a.kernels)
+    load_before = os.getloadavg()
     print(f"bench_cpu: B={a.batch} x {a.tokens} tokens = {tokens} tokens, K={TOPK}; {machine}")
+    print(f"  CPU variants offered: {', '.join(ffi_dsa.cpu_kernels())} (auto = {ffi_dsa.cpu_kernel()}); "
+          f"load average {_load(load_before)}")
     print(f"  batch generated in {gen_s:.1f} s; timing = median of {a.runs} calls after {a.warmup} warm-up "
           f"(time.perf_counter, versions interleaved)")
 
@@ -75,9 +85,15 @@ def main(argv=None) -> int:
 
     # The versions are timed interleaved (one call of each per round), so that load from other
     # processes on a small machine hits all of them alike and the ratio stays meaningful.
-    out_np = np.full((a.batch, TOPK), -7, dtype=np.int32)
+    # name -> (setup outside the timed region, timed call, its output, check sorted by score?)
     args_np = batch.args()
-    versions = {"ffi_dsa (numpy)": (lambda: ffi_dsa.call(*args_np, out_np), lambda: out_np, False)}
+    versions = {}
+    auto = ffi_dsa.cpu_kernel()
+    for kernel in kernels:
+        out_k = np.full((a.batch, TOPK), -7, dtype=np.int32)
+        versions[_numpy_version(kernel, auto)] = (lambda k=kernel: ffi_dsa.set_cpu_kernel(k),
+                                                  lambda o=out_k: ffi_dsa.call(*args_np, o), lambda o=out_k: o, False)
+    use_auto = lambda: ffi_dsa.set_cpu_kernel("auto")  # noqa: E731
 
     torch = None
     try:
@@ -89,7 +105,8 @@ def main(argv=None) -> int:
             torch.set_num_threads(a.threads)
         args_t = batch.to_torch("cpu")
         out_t = torch.full((a.batch, TOPK), -7, dtype=torch.int32)
-        versions["ffi_dsa (torch cpu)"] = (lambda: ffi_dsa.call(*args_t, out_t), lambda: out_t, False)
+        versions[f"ffi_dsa (torch cpu) [{auto}]"] = (use_auto, lambda: ffi_dsa.call(*args_t, out_t),
+                                                     lambda: out_t, False)
         if not a.no_naive:
             from ffi_dsa.benchmarks.naive_torch import naive_topk_indexer
 
@@ -98,32 +115,38 @@ def main(argv=None) -> int:
             def naive():
                 holder["out"] = naive_topk_indexer(*args_t, topk=TOPK)
 
-            versions[f"naive torch fp32 ({torch.get_num_threads()} threads)"] = (naive, lambda: holder["out"], True)
+            versions[f"naive torch fp32 ({torch.get_num_threads()} threads)"] = (
+                lambda: None, naive, lambda: holder["out"], True)
 
-    ffi_dsa.call(*args_np, out_np)  # loads (first use: builds) the native module
     for _ in range(a.warmup):
-        for fn, _, _ in versions.values():
+        for setup, fn, _, _ in versions.values():
+            setup()
             fn()
     times = {name: [] for name in versions}
     for _ in range(a.runs):
-        for name, (fn, _, _) in versions.items():
+        for name, (setup, fn, _, _) in versions.items():
+            setup()
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    for name, (_, get_out, sorted_check) in versions.items():
+    ffi_dsa.set_cpu_kernel("auto")
+    load_after = os.getloadavg()
+    for name, (_, _, get_out, sorted_check) in versions.items():
         record(name, times[name], get_out(), sorted_check)
 
     naive_name = next((k for k in results if k.startswith("naive")), None)
     base = results[naive_name]["median_us"] if naive_name else None
     print()
-    print(f"  {'version':<32} {'median us':>12} {'min us':>12} {'tokens/s':>11} {'speed-up':>9}  check")
+    print(f"  {'version':<36} {'median us':>12} {'min us':>12} {'tokens/s':>11} {'speed-up':>9}  check")
     for name, r in results.items():
         speed = f"{base / r['median_us']:.2f}x" if base else "-"
-        print(f"  {name:<32} {r['median_us']:>12.0f} {r['min_us']:>12.0f} {r['tokens_per_s']:>11.3e} "
+        print(f"  {name:<36} {r['median_us']:>12.0f} {r['min_us']:>12.0f} {r['tokens_per_s']:>11.3e} "
               f"{speed:>9}  {r['check']}{(' ' + r['problems'][0]) if r['problems'] else ''}")
-    speedup = base / results["ffi_dsa (numpy)"]["median_us"] if base else None
+    auto_name = _numpy_version(auto, auto)
+    speedup = base / results[auto_name]["median_us"] if base and auto_name in results else None
+    print(f"\n  load average before {_load(load_before)}, after {_load(load_after)}")
     if speedup is not None:
-        print(f"\n  speed-up of ffi_dsa (numpy inputs) over naive torch: {speedup:.2f}x")
+        print(f"  speed-up of ffi_dsa (numpy inputs, auto = {auto}) over naive torch: {speedup:.2f}x")
 
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
@@ -132,6 +155,8 @@ def main(argv=None) -> int:
             "command": " ".join(["bench_cpu", *(argv if argv is not None else sys.argv[1:])]),
             "batch": a.batch, "tokens_per_row": a.tokens, "tokens": tokens, "topk": TOPK,
             "runs": a.runs, "warmup": a.warmup, "results": results, "speedup_vs_naive": speedup,
+            "cpu_kernels": ffi_dsa.cpu_kernels(), "auto_kernel": auto,
+            "load_average_before": load_before, "load_average_after": load_after,
         }, indent=2))
         print(f"  wrote {a.json}")
 
@@ -142,6 +167,25 @@ def main(argv=None) -> int:
         print(f"bench_cpu: speed-up {speedup} is below the required {a.min_speedup}x", file=sys.stderr)
         return 2
     return 0
+
+
+def _kernels(arg: str) -> list[str]:
+    """--kernels as variant names: 'all' = every variant this CPU runs, 'auto' = the one it picks."""
+    offered = ffi_dsa.cpu_kernels()  # loads (first use: builds) the native module
+    names = offered if arg == "all" else [k.strip() for k in arg.split(",") if k.strip()]
+    names = [ffi_dsa.cpu_kernel() if k == "auto" else k for k in names]
+    unknown = [k for k in names if k not in offered]
+    if unknown:
+        raise SystemExit(f"bench_cpu: --kernels {arg}: {unknown} not among this CPU's variants {offered}")
+    return list(dict.fromkeys(names))
+
+
+def _numpy_version(kernel: str, auto: str) -> str:
+    return f"ffi_dsa (numpy) [{kernel}{', auto' if kernel == auto else ''}]"
+
+
+def _load(avg) -> str:
+    return "/".join(f"{x:.2f}" for x in avg)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path as _Path
 
 from ._build import NativeBuildError
 from .api import call, topk_indexer, validate_pages
+from .cpu_options import cpu_kernel, cpu_kernels, set_cpu_kernel, set_cpu_threads
 from .kv_cache import pack_k_cache, unpack_k_cache
 from .reference import check_topk, reference, reference_scores
 
@@ -44,4 +45,8 @@ __all__ = [
     "reference_scores",
     "check_topk",
     "NativeBuildError",
+    "set_cpu_kernel",
+    "cpu_kernel",
+    "cpu_kernels",
+    "set_cpu_threads",
 ]

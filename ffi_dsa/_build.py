@@ -197,8 +197,11 @@ def build(name: str, sources: list[str], *, headers: list[str], cflags: list[str
     return path
 
 
-# The JIT build targets the machine it runs on; the wheel's module targets x86-64-v3 (CMakeLists.txt).
-JIT_CPU_FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-pthread"]
+# No -march in the JIT build either: the baseline stays the compiler's portable default (x86-64),
+# and the SIMD variants carry their own ISA and are picked at run time (cpu/dispatch.h); a global
+# -march=native would let AVX-512 into code that runs before the CPU check. The wheel's module
+# targets x86-64-v3 (CMakeLists.txt).
+JIT_CPU_FLAGS = ["-O3", "-ffp-contract=fast", "-fno-math-errno", "-pthread"]
 
 
 def jit_cpu_library(reason: str = "JIT build", cache_dir: Path | None = None) -> str:

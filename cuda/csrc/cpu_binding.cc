@@ -2,6 +2,9 @@
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/map.h>
 #include <tvm/ffi/function.h>
+#include <tvm/ffi/string.h>
+
+#include <string>
 
 #include "ffi_dsa/cpu/indexer_cpu.h"
 #include "ffi_dsa/validate.h"
@@ -9,7 +12,9 @@
 namespace {
 
 using tvm::ffi::Array;
+using tvm::ffi::String;
 using tvm::ffi::TensorView;
+namespace cpu = ffi_dsa::cpu;
 
 void TopkIndexerCpu(TensorView q, TensorView k_cache, TensorView weights, TensorView seq_lens,
                     TensorView block_table, TensorView topk_indices, bool sorted_by_score) {
@@ -47,9 +52,48 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> ContractConstants() {
           {"max_topk", ffi_dsa::kMaxTopK}};
 }
 
+// The scoring variant of later calls: "auto" (the best this CPU supports) or one of
+// cpu_kernels(). Returns the previous setting ("auto" or a name), so a caller can restore it;
+// an unknown or unsupported name raises and changes nothing.
+String SetCpuKernel(String name) {
+  const std::string requested(name);
+  int setting = cpu::kAutoKernel;
+  if (requested != "auto") {
+    const auto kernel = cpu::ParseCpuKernel(requested);
+    if (!kernel) {
+      TVM_FFI_THROW(ValueError) << "unknown CPU kernel '" << requested
+                                << "': expected auto, scalar, avx2, avx512 or avx512bf16";
+    }
+    if (!cpu::CpuKernelSupported(*kernel)) {
+      TVM_FFI_THROW(ValueError) << "CPU kernel '" << requested << "' needs instructions this CPU lacks";
+    }
+    setting = static_cast<int>(*kernel);
+  }
+  const int previous = cpu::ForcedCpuKernel().exchange(setting);
+  return String(previous == cpu::kAutoKernel ? "auto" : cpu::CpuKernelName(static_cast<cpu::CpuKernel>(previous)));
+}
+
+String CpuKernelInEffect() { return String(cpu::CpuKernelName(cpu::ActiveCpuKernel())); }
+
+Array<String> CpuKernels() {
+  Array<String> names;
+  for (const cpu::CpuKernel k : cpu::SupportedCpuKernels()) names.push_back(String(cpu::CpuKernelName(k)));
+  return names;
+}
+
+// Threads of later calls; 0 returns to FFI_DSA_NUM_THREADS or every core.
+void SetCpuThreads(int64_t threads) {
+  if (threads < 0) TVM_FFI_THROW(ValueError) << "threads must be >= 0, got " << threads;
+  cpu::RequestedCpuThreads().store(static_cast<int>(std::min<int64_t>(threads, cpu::kMaxCpuThreads)));
+}
+
 }  // namespace
 
 // DPS: (inputs..., output, scalar attrs) with no Optional arguments, the shape JAX's FFI needs.
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_indexer, TopkIndexerCpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(check_shapes, CheckShapes);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(contract_constants, ContractConstants);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(set_cpu_kernel, SetCpuKernel);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(cpu_kernel, CpuKernelInEffect);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(cpu_kernels, CpuKernels);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(set_cpu_threads, SetCpuThreads);

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "ffi_dsa/contract.h"
-#include "ffi_dsa/cpu/score_page.h"
+#include "ffi_dsa/cpu/dispatch.h"
 #include "ffi_dsa/cpu/select_topk.h"
 #include "ffi_dsa/validate.h"
 
@@ -20,14 +20,22 @@ inline int64_t ClampedLength(const IndexerArgs& a, int64_t b) {
   return ClampLength(a.seq_lens[b], a.max_pages);
 }
 
-inline bool ValidPage(const IndexerArgs& a, int32_t page) { return page >= 0 && page < a.num_pages; }
+constexpr int kMaxCpuThreads = 1024;  // more would only add start-up cost
 
-// Threads: FFI_DSA_NUM_THREADS if set, else every core; small calls stay on the caller's thread
-// because starting a thread costs more than scoring a few pages.
+// Threads the caller asked for with SetCpuThreads (ffi_dsa.set_cpu_threads); 0 = not set.
+inline std::atomic<int>& RequestedCpuThreads() {
+  static std::atomic<int> requested{0};
+  return requested;
+}
+
+// Threads: set_cpu_threads if set, else FFI_DSA_NUM_THREADS if set (read on every call), else every
+// core; small calls stay on the caller's thread because starting a thread costs more than scoring
+// a few pages.
 inline int ThreadCount(int64_t total_pages) {
   constexpr int64_t kPagesPerThreadMin = 64;
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   if (const char* env = std::getenv("FFI_DSA_NUM_THREADS")) threads = std::atoi(env);
+  if (const int requested = RequestedCpuThreads().load(std::memory_order_relaxed); requested > 0) threads = requested;
   threads = std::max(1, threads);
   return static_cast<int>(std::min<int64_t>(threads, std::max<int64_t>(1, total_pages / kPagesPerThreadMin)));
 }
@@ -48,12 +56,20 @@ void ParallelFor(int threads, int64_t count, Fn&& fn) {
   for (auto& th : pool) th.join();
 }
 
+// The calling thread's key buffer, kept between calls: a fresh one (4 bytes a token) would be
+// page-faulted and zeroed by the kernel on every call. Every key is written before it is read.
+inline std::vector<uint32_t>& CallerKeyBuffer() {
+  thread_local std::vector<uint32_t> keys;
+  return keys;
+}
+
 inline void RunIndexerCpu(const IndexerArgs& a, bool sorted_by_score) {
   if (a.batch == 0 || a.topk == 0) return;
   // Token offsets of each row in one flat key buffer.
   std::vector<int64_t> row_offset(a.batch + 1, 0);
   for (int64_t b = 0; b < a.batch; ++b) row_offset[b + 1] = row_offset[b] + ClampedLength(a, b);
-  std::vector<uint32_t> keys(static_cast<size_t>(row_offset[a.batch]));
+  std::vector<uint32_t>& keys = CallerKeyBuffer();  // a reference: the workers must share this one
+  keys.resize(static_cast<size_t>(row_offset[a.batch]));
 
   // Work items are groups of pages of one row, so a single long row still uses every core.
   constexpr int64_t kPagesPerItem = 16;
@@ -66,27 +82,16 @@ inline void RunIndexerCpu(const IndexerArgs& a, bool sorted_by_score) {
     for (int64_t p = 0; p < pages; p += kPagesPerItem) items.push_back({b, p, std::min(pages, p + kPagesPerItem)});
   }
   const int threads = ThreadCount(total_pages);
+  const ScoreRowPagesFn score = ScoreRowPagesFor(ActiveCpuKernel());
 
   ParallelFor(threads, static_cast<int64_t>(items.size()), [&](int64_t i) {
     const Item& it = items[i];
-    // Preparing the query costs ~0.1% of an item's scoring, so every item does its own.
-    PreparedQuery pq;
-    PrepareQuery(a.q + it.row * kNumHeads * kHeadDim, a.weights + it.row * kNumHeads, &pq);
-    const int64_t n = ClampedLength(a, it.row);
-    uint32_t* row_keys = keys.data() + row_offset[it.row];
-    for (int64_t p = it.first_page; p < it.end_page; ++p) {
-      const int64_t first = p * kPageTokens;
-      const int count = static_cast<int>(std::min<int64_t>(kPageTokens, n - first));
-      const int32_t page = a.block_table[it.row * a.max_pages + p];
-      if (!ValidPage(a, page)) {
-        std::fill(row_keys + first, row_keys + first + count, kNotCandidate);
-        continue;
-      }
-      ScorePage(pq, a.k_cache + static_cast<int64_t>(page) * kPageBytes, count, row_keys + first);
-    }
+    score({a.q + it.row * kNumHeads * kHeadDim, a.weights + it.row * kNumHeads, a.k_cache,
+           a.block_table + it.row * a.max_pages, it.first_page, it.end_page, ClampedLength(a, it.row),
+           a.num_pages, keys.data() + row_offset[it.row]});
   });
   ParallelFor(std::min<int64_t>(threads, a.batch), a.batch, [&](int64_t b) {
-    thread_local std::vector<uint64_t> scratch;
+    thread_local SelectScratch scratch;
     thread_local std::vector<int64_t> positions;
     positions.resize(a.topk);
     const int64_t n = ClampedLength(a, b);

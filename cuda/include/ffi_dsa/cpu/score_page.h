@@ -1,5 +1,6 @@
-// CPU scoring of one 64-token page against one query row: the hot loop of the CPU path.
-// Plain fixed-trip loops that GCC vectorizes (-O3 -march=native); heads are the vector lanes.
+// CPU scoring of one 64-token page against one query row, the hot loop of the CPU path: the
+// portable variant ("scalar"), plain fixed-trip loops the compiler may vectorize for the build's
+// baseline ISA. The SIMD variants (score_simd.h) compute the same scores with explicit vectors.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -10,7 +11,12 @@
 
 namespace ffi_dsa::cpu {
 
-// A query row prepared once per row: q transposed to [D][H] so the inner loop runs over heads.
+// relu that keeps NaN (std::max(x, 0) would turn NaN into 0, against the SPEC).
+inline float ReluKeepNaN(float x) { return x < 0.0f ? 0.0f : x; }
+
+namespace scalar {
+
+// A query row prepared once per work item: q transposed to [D][H] so the inner loop runs over heads.
 struct PreparedQuery {
   alignas(64) float q_t[kHeadDim][kNumHeads];
   alignas(64) float weights[kNumHeads];
@@ -23,9 +29,6 @@ inline void PrepareQuery(const uint8_t* q_row, const float* weights_row, Prepare
     out->weights[h] = weights_row[h];
   }
 }
-
-// relu that keeps NaN (std::max(x, 0) would turn NaN into 0, against the SPEC).
-inline float ReluKeepNaN(float x) { return x < 0.0f ? 0.0f : x; }
 
 constexpr int kTokenBlock = 4;  // tokens per register block: 4 x 64 fp32 accumulators
 
@@ -59,4 +62,5 @@ inline void ScorePage(const PreparedQuery& pq, const uint8_t* page, int count, u
   }
 }
 
+}  // namespace scalar
 }  // namespace ffi_dsa::cpu
