@@ -13,6 +13,7 @@ device with no all-gather / all-to-all of the batch operands or of the output.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with torch tests
 jax = pytest.importorskip("jax")
 pytest.importorskip("jax_tvm_ffi")
 import jax.numpy as jnp  # noqa: E402
@@ -35,6 +37,16 @@ from conftest import call_result  # noqa: E402
 DEVICES = 4
 K = 16
 ON_4 = len(jax.devices("cpu")) >= DEVICES
+
+
+def _jax_gpus():
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:
+        return []
+
+
+GPUS = _jax_gpus()
 COLLECTIVE = re.compile(r"= (\w+\[[\d,]*\])\S* (all-gather|all-to-all|collective-permute|all-reduce|reduce-scatter)"
                         r"(-start)?\(")
 LOCAL_CALL = re.compile(r"= (s32\[[\d,]*\])\S* custom-call\([^\n]*custom_call_target=\"" + jax_ffi.TARGET)
@@ -57,8 +69,9 @@ def test_cases_in_a_4_device_process():
     assert re.search(r"\d+ passed", summary) and not re.search(r"failed|skipped|error", summary), summary
 
 
-def mesh_of(shape=(DEVICES,), names=("x",)) -> Mesh:
-    return Mesh(np.array(jax.devices("cpu")[:DEVICES]).reshape(shape), names)
+def mesh_of(shape=(DEVICES,), names=("x",), devices=None) -> Mesh:
+    devices = jax.devices("cpu") if devices is None else devices
+    return Mesh(np.array(devices[:math.prod(shape)]).reshape(shape), names)
 
 
 def jax_args(batch):
@@ -109,6 +122,26 @@ def page_local_pools(seed: int):
     whole = type(parts[0])(cat([p.q for p in parts]), cat(caches), cat([p.weights for p in parts]),
                            cat([p.seq_lens for p in parts]), cat(tables_global))
     return whole, cat(tables_local), pages
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(len(GPUS) < 2, reason="needs 2 JAX GPUs")
+@pytest.mark.parametrize("how", ["jit", "shard_map"])
+def test_two_gpus_one_local_call_each(how):
+    """The CPU cases' core on a mesh of 2 GPUs: 4 rows per GPU, no collective, the bytes of
+    ffi_dsa.call on one GPU."""
+    batch = make_batch(lens(8, 11), seed=11)
+    mesh = mesh_of((2,), ("x",), GPUS)
+    args = put(mesh, jax_args(batch), batch_specs())
+    if how == "jit":
+        fn = jax.jit(lambda *a: jax_ffi.topk_indexer(*a, topk=K))
+    else:
+        fn = jax.jit(jax.shard_map(lambda *a: jax_ffi.topk_indexer(*a, topk=K), mesh=mesh,
+                                   in_specs=tuple(batch_specs()), out_specs=P("x")))
+    text = hlo(fn, *args)
+    assert collectives(text) == []
+    assert local_calls(text) == [f"s32[4,{K}]"]
+    np.testing.assert_array_equal(np.asarray(fn(*args)), call_result(batch, K, device="cuda"))
 
 
 class TestFourDevices:
