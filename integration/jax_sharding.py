@@ -42,24 +42,27 @@ _ROW_ARGS = (0, 2, 3, 4)
 _CACHE = 1
 
 
-def _rank(ir_type) -> int:  # the rule callback receives MLIR types, not avals
-    return len(mlir.ir.RankedTensorType(ir_type).shape)
+def _shape(ir_type) -> list[int]:  # the rule callback receives MLIR types, not avals
+    return list(mlir.ir.RankedTensorType(ir_type).shape)
 
 
 def _sharding_rule(mesh, value_types, result_types):
     """Einsum-like rule: factor ``b`` is dim 0 of the per-row operands and of the output; every
-    other dimension (the cache's included) is its own factor that must stay replicated."""
+    other dimension (the cache's included) is its own factor that must stay replicated. An
+    operand whose dim 0 is not B (a ``[B * N, H]`` weights form) gets no ``b``: the partition
+    then runs the call whole (``_batch_axes``)."""
     del mesh
+    shapes = [_shape(t) for t in (*value_types, result_types[0])]
+    batch = shapes[0][0] if shapes[0] else None
     names, replicated = [], []
-    for i, t in enumerate(value_types):
-        dims = [f"a{i}d{j}" for j in range(_rank(t))]
-        if i in _ROW_ARGS and dims:
+    for i, shape in enumerate(shapes):
+        dims = [f"a{i}d{j}" for j in range(len(shape))]
+        if (i in _ROW_ARGS or i == len(value_types)) and dims and shape[0] == batch:
             dims[0] = "b"
         replicated += [d for d in dims if d != "b"]
         names.append(" ".join(dims))
-    out = ["b"] + [f"rd{j}" for j in range(1, _rank(result_types[0]))]
-    replicated += out[1:]
-    return f"{', '.join(names)} -> {' '.join(out)}", {"need_replication_factors": tuple(replicated)}
+    rule = f"{', '.join(names[:-1])} -> {names[-1]}"
+    return rule, {"need_replication_factors": tuple(replicated)}
 
 
 def _batch_axes(arg_shapes, result_shape):

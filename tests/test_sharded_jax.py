@@ -124,6 +124,23 @@ def page_local_pools(seed: int):
     return whole, cat(tables_local), pages
 
 
+def test_sharding_rule_shares_b_only_among_dims_of_size_b():
+    """dim 0 of q, seq_lens, block_table and the output is the factor b; the cache and a
+    weights operand whose dim 0 is not B (a [B * N, H] form) stay replicated."""
+    from jax.interpreters import mlir
+
+    with mlir.ir.Context(), mlir.ir.Location.unknown():
+        i32 = mlir.ir.IntegerType.get_signless(32)
+
+        def t(*shape):
+            return mlir.ir.RankedTensorType.get(shape, i32)
+
+        rule, extra = jax_sharding._sharding_rule(None, [t(4, 64, 128), t(9, 64, 1, 132), t(8, 64), t(4), t(4, 3)],
+                                                  [t(4, 16)])
+    assert rule == "b a0d1 a0d2, a1d0 a1d1 a1d2 a1d3, a2d0 a2d1, b, b a4d1 -> b a5d1"
+    assert "b" not in extra["need_replication_factors"] and "a2d0" in extra["need_replication_factors"]
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(len(GPUS) < 2, reason="needs 2 JAX GPUs")
 @pytest.mark.parametrize("how", ["jit", "shard_map"])
