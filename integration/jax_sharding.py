@@ -39,7 +39,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 PAGE_TOKENS = 64
 # positions of the per-row operands among (q, k_cache, weights, seq_lens, block_table)
 _ROW_ARGS = (0, 2, 3, 4)
-_CACHE = 1
 
 
 def _shape(ir_type) -> list[int]:  # the rule callback receives MLIR types, not avals
@@ -104,7 +103,7 @@ def batch_partitioned(local_call):
         per_shard = -(-batch // shards)
 
         def lower(q, k_cache, weights, seq_lens, block_table):
-            # XLA pads the last shards' rows with unspecified values: length 0 makes them free
+            # The rows XLA pads the last shards with may hold any values: length 0 makes them free
             # and keeps the kernel off whatever page ids they hold.
             row = jax.lax.axis_index(names) * per_shard + jnp.arange(per_shard, dtype=jnp.int32)
             seq_lens = jnp.where(row < batch, seq_lens, 0).astype(seq_lens.dtype)
