@@ -9,6 +9,10 @@ is registered with ``jax_tvm_ffi.register_ffi_target`` as the XLA FFI target ``f
 call is made for the GPU (building the CUDA module needs nvcc). On the GPU, tvm-ffi hands the kernel
 XLA's stream. fp8 arrays (``jnp.float8_e4m3fn``) go in directly; uint8/int8 views are accepted too.
 
+Several devices: under a ``jax.jit`` over a mesh, batch-sharded inputs give one local call per
+device on its own rows (a ``custom_partitioning`` rule, jax_sharding.py), and inside a user's
+``jax.shard_map`` the call is the local one.
+
 Errors: a C++ error inside an XLA custom call surfaces as an opaque ``JaxRuntimeError``, so shapes
 and dtypes are checked at trace time by the exported C++ ``check_shapes`` (the very checks the
 kernel runs; no second copy in Python), which raises ValueError/TypeError naming the argument.
@@ -27,6 +31,7 @@ import tvm_ffi
 
 from .. import _ffi_api
 from ..api import checked_topk
+from .jax_sharding import batch_partitioned
 
 TARGET = "ffi_dsa_topk_indexer"
 _ARG_NAMES = ("q_index_fp8", "k_index_cache_fp8", "weights", "seq_lens", "block_table")
@@ -111,9 +116,13 @@ def _batched_op(topk: int, sorted: bool):
     elements run one after the other (lax.map, i.e. "sequential").
     """
 
+    # Under a jit over several devices, one local call per device on its own rows
+    # (jax_sharding.py); on one device this is the plain call.
+    partitioned = batch_partitioned(functools.partial(_ffi_topk, topk=topk, sorted=sorted))
+
     @jax.custom_batching.custom_vmap
     def op(q, k_cache, weights, seq_lens, block_table):
-        return _ffi_topk(q, k_cache, weights, seq_lens, block_table, topk=topk, sorted=sorted)
+        return partitioned(q, k_cache, weights, seq_lens, block_table)
 
     @op.def_vmap
     def _rule(axis_size, in_batched, q, k_cache, weights, seq_lens, block_table):
@@ -143,8 +152,9 @@ def _batched_op(topk: int, sorted: bool):
 def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = 2048, sorted: bool = False):
     """int32 ``[B, topk]``: the top-K token ids of each row (SPEC.md), as a JAX array.
 
-    Works eagerly and inside ``jax.jit`` (``topk`` and ``sorted`` must be static there) and
-    ``jax.vmap``. Shape/dtype mistakes raise ValueError/TypeError at trace time.
+    Works eagerly and inside ``jax.jit`` (``topk`` and ``sorted`` must be static there),
+    ``jax.vmap`` and ``jax.shard_map``; a jit over several devices keeps the batch sharding of the
+    inputs (jax_sharding.py). Shape/dtype mistakes raise ValueError/TypeError at trace time.
     """
     args = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in (q, k_cache, weights, seq_lens, block_table)]
     try:

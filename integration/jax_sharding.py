@@ -1,0 +1,143 @@
+"""JAX on several devices: the batch-partitioning rule of the XLA FFI call, and helpers for shard_map.
+
+Rows are independent and every argument but the cache is per row, so a batch split over devices is
+one local call per device on its own rows, with the whole (replicated) cache:
+
+* Plain ``jax.jit``: ``jax_ffi.topk_indexer`` wraps the call in ``custom_partitioning`` with the
+  rule below. The batch dimension (dim 0 of q, weights, seq_lens, block_table and the output) keeps
+  the sharding of its operands; every other dimension, and the whole cache, is replicated. So
+  batch-sharded inputs give one local call per device and a batch-sharded output, with no
+  collective. A cache sharded by pages is all-gathered first (the block table holds global page ids
+  there, and a row may name any page): page-local pools belong in ``shard_map``, below.
+* A user's ``jax.shard_map``: the call inside is already per device (JAX inlines the local call).
+  With the cache sharded by pages too (``in_specs`` ``P(axis)`` for it), each device's block table
+  holds page ids into its own shard and the ids returned are local ones (``local page * 64 + slot``),
+  which is what a sparse-attention kernel reading that device's pool wants; ``global_ids`` turns
+  them into ids of the concatenated pool.
+* B not divisible by the device count: JAX refuses such a sharding at the jit boundary, so either
+  the rows are padded up front (``pad_rows``: extra rows of length 0, whose output rows are all -1,
+  sliced off afterwards; the way in for jit arguments and for shard_map), or a batch sharding
+  constraint inside a jit lets XLA pad the shards itself: the rule then gives the padding rows
+  length 0 so they cost nothing, and the padded rows never reach the result.
+* Replicated batch operands: every device runs the whole batch (the rule never gathers; it only
+  keeps what the operands have).
+
+Shardy (JAX's default partitioner) uses the ``sharding_rule``; the older GSPMD partitioner uses
+``infer_sharding_from_operands``. Both end in ``_partition``, which picks the local call.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.interpreters import mlir
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+PAGE_TOKENS = 64
+# positions of the per-row operands among (q, k_cache, weights, seq_lens, block_table)
+_ROW_ARGS = (0, 2, 3, 4)
+
+
+def _shape(ir_type) -> list[int]:  # the rule callback receives MLIR types, not avals
+    return list(mlir.ir.RankedTensorType(ir_type).shape)
+
+
+def _sharding_rule(mesh, value_types, result_types):
+    """Einsum-like rule: factor ``b`` is dim 0 of the per-row operands and of the output; every
+    other dimension (the cache's included) is its own factor that must stay replicated. An
+    operand whose dim 0 is not B (a ``[B * N, H]`` weights form) gets no ``b``: the partition
+    then runs the call whole (``_batch_axes``)."""
+    del mesh
+    shapes = [_shape(t) for t in (*value_types, result_types[0])]
+    batch = shapes[0][0] if shapes[0] else None
+    names, replicated = [], []
+    for i, shape in enumerate(shapes):
+        dims = [f"a{i}d{j}" for j in range(len(shape))]
+        if (i in _ROW_ARGS or i == len(value_types)) and dims and shape[0] == batch:
+            dims[0] = "b"
+        replicated += [d for d in dims if d != "b"]
+        names.append(" ".join(dims))
+    rule = f"{', '.join(names[:-1])} -> {names[-1]}"
+    return rule, {"need_replication_factors": tuple(replicated)}
+
+
+def _batch_axes(arg_shapes, result_shape):
+    """The mesh axes dim 0 of the batch operands is sharded over (None: replicated), or None when
+    an operand's dim 0 is not the batch (such a call is run replicated, whole)."""
+    batch = arg_shapes[0].shape[0] if arg_shapes[0].shape else None
+    rows = [arg_shapes[i] for i in _ROW_ARGS] + [result_shape]
+    if batch is None or any(not r.shape or r.shape[0] != batch for r in rows):
+        return None
+    for r in rows:
+        spec = getattr(r.sharding, "spec", None)
+        if spec and spec[0] is not None:
+            return spec[0]
+    return None
+
+
+def _replicate_rest(mesh, axes, ndim: int, row: bool) -> NamedSharding:
+    return NamedSharding(mesh, P(axes if row else None, *([None] * (ndim - 1))))
+
+
+def batch_partitioned(local_call):
+    """``local_call(q, k_cache, weights, seq_lens, block_table)`` wrapped so that XLA's partitioner
+    runs it once per device on that device's rows (module docstring)."""
+
+    @custom_partitioning
+    def op(q, k_cache, weights, seq_lens, block_table):
+        return local_call(q, k_cache, weights, seq_lens, block_table)
+
+    def partition(mesh, arg_shapes, result_shape):
+        axes = _batch_axes(arg_shapes, result_shape)
+        arg_shardings = tuple(_replicate_rest(mesh, axes, len(a.shape), i in _ROW_ARGS)
+                              for i, a in enumerate(arg_shapes))
+        out_sharding = _replicate_rest(mesh, axes, len(result_shape.shape), True)
+        batch = arg_shapes[0].shape[0]
+        names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+        shards = math.prod(mesh.shape[a] for a in names)
+        if batch % shards == 0:
+            return mesh, local_call, out_sharding, arg_shardings
+        per_shard = -(-batch // shards)
+
+        def lower(q, k_cache, weights, seq_lens, block_table):
+            # The rows XLA pads the last shards with may hold any values: length 0 makes them free
+            # and keeps the kernel off whatever page ids they hold.
+            row = jax.lax.axis_index(names) * per_shard + jnp.arange(per_shard, dtype=jnp.int32)
+            seq_lens = jnp.where(row < batch, seq_lens, 0).astype(seq_lens.dtype)
+            return local_call(q, k_cache, weights, seq_lens, block_table)
+
+        return mesh, lower, out_sharding, arg_shardings
+
+    def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
+        return _replicate_rest(mesh, _batch_axes(arg_shapes, result_shape), len(result_shape.shape), True)
+
+    op.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands,
+                     sharding_rule=_sharding_rule)
+    return op
+
+
+def pad_rows(q, weights, seq_lens, block_table, multiple: int):
+    """The per-row operands with rows of length 0 appended so that B is a multiple of
+    ``multiple`` (e.g. the device count). Those rows' output is all -1: slice ``[:B]``."""
+    batch = q.shape[0]
+    extra = -batch % multiple
+    if extra == 0:
+        return q, weights, seq_lens, block_table
+
+    def pad(x):
+        return jnp.concatenate([x, jnp.zeros((extra, *x.shape[1:]), x.dtype)])
+
+    return pad(q), pad(weights), pad(seq_lens), pad(block_table)
+
+
+def global_ids(local_ids, pages_per_shard: int, axis):
+    """Inside ``shard_map`` with the cache sharded by pages over ``axis``: local token ids
+    (``local page * 64 + slot``) -> ids into the concatenated pool; -1 stays -1."""
+    offset = jax.lax.axis_index(axis) * (pages_per_shard * PAGE_TOKENS)
+    return jnp.where(local_ids >= 0, local_ids + offset.astype(local_ids.dtype), local_ids)
+
+
+__all__ = ["batch_partitioned", "pad_rows", "global_ids"]
