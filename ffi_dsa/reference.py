@@ -16,15 +16,20 @@ from .contract import DEFAULT_TOPK, PAGE_TOKENS
 from .kv_cache import unpack_k_cache
 
 TOLERANCE = 1e-3  # of max|score| of the row: Hopper FP8 accumulation may swap near-ties at the cut
+# of max_t M[t], the magnitude of the sums behind a score (sum_h |w| * sum_d |q * k|): Hopper's FP8
+# tensor cores add with truncation, which loses up to ~0.4% when a row's products share one sign
+MAGNITUDE_TOLERANCE = 2.0 ** -12
 
 
 @dataclass
 class RowScores:
-    """Candidates of one row: their positions t, global ids and float64 scores (NaN kept)."""
+    """Candidates of one row: their positions t, global ids and float64 scores (NaN kept), and
+    max_t M[t], the largest magnitude of the sums behind a score (docs/contract.md, precision)."""
 
     positions: np.ndarray
     ids: np.ndarray
     scores: np.ndarray
+    magnitude: float = 0.0
 
 
 def reference_scores(q, k_cache, weights, seq_lens, block_table) -> list[RowScores]:
@@ -53,7 +58,10 @@ def reference_scores(q, k_cache, weights, seq_lens, block_table) -> list[RowScor
             logits = keys @ qf[b].T                                    # [n, 64]
             relu = np.where(logits < 0, 0.0, logits)                   # keeps NaN, as torch.relu does
             score = relu @ w[b]
-        rows.append(RowScores(positions=t, ids=page * PAGE_TOKENS + slot, scores=score))
+            magnitude = (np.abs(keys) @ np.abs(qf[b]).T) @ np.abs(w[b])  # M[t]
+        finite = magnitude[np.isfinite(magnitude)]
+        rows.append(RowScores(positions=t, ids=page * PAGE_TOKENS + slot, scores=score,
+                              magnitude=float(finite.max()) if finite.size else 0.0))
     return rows
 
 
@@ -77,12 +85,14 @@ def reference(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TO
 
 
 def check_topk(indices, q, k_cache, weights, seq_lens, block_table, *, sorted: bool = False,
-               rows: list[RowScores] | None = None, tolerance: float = TOLERANCE) -> list[str]:
+               rows: list[RowScores] | None = None, tolerance: float = TOLERANCE,
+               magnitude_tolerance: float = MAGNITUDE_TOLERANCE) -> list[str]:
     """Problems found in `indices` under the tolerance rule; an empty list means correct.
 
     A row is correct when: the count of -1 is exact and they form the tail; every id belongs to
     the row and appears once; the smallest chosen score is no smaller than the K-th largest
-    reference score minus ``tolerance * max|score|``; NaN is chosen only when fewer than K
+    reference score minus ``tolerance * max|score| + magnitude_tolerance * max M`` (M: the magnitude
+    of the sums behind a score, docs/contract.md); NaN is chosen only when fewer than K
     numbers exist; and the valid prefix is ordered (ascending position, or descending score
     within the tolerance when ``sorted``).
     """
@@ -111,7 +121,7 @@ def check_topk(indices, q, k_cache, weights, seq_lens, block_table, *, sorted: b
         chosen = np.array([lookup[int(i)] for i in valid])
         scores = row.scores
         finite = scores[np.isfinite(scores)]
-        tol = tolerance * (np.abs(finite).max() if finite.size else 0.0)
+        tol = tolerance * (np.abs(finite).max() if finite.size else 0.0) + magnitude_tolerance * row.magnitude
         order = rank_order(row)
         kth = scores[order[expected_count - 1]]
         chosen_scores = scores[chosen]

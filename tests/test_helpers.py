@@ -306,3 +306,33 @@ def test_fp8_helper_round_trips_small_integers():
     vals = np.arange(-16, 17, dtype=np.float32)
     assert np.array_equal(fp8_bytes(vals).view(FP8).astype(np.float32), vals)
     assert ml_dtypes.finfo(FP8).max == 448.0
+
+
+def test_check_topk_tolerance_has_a_magnitude_term():
+    """The contract's second tolerance term (docs/contract.md §4): 2**-12 * max_t M[t], the magnitude of
+    the sums behind the scores. A swap at the cut by more than 1e-3 * max|score| passes only when the
+    row's magnitude term covers it."""
+    from ffi_dsa.reference import RowScores
+
+    scores = np.array([10.0, 9.99, 9.0, 5.0])
+    row = RowScores(positions=np.arange(4), ids=np.arange(4) + 640, scores=scores, magnitude=0.0)
+    out = np.array([[640, 642]], np.int32)  # the 3rd best (9.0) instead of the 2nd (9.99): 0.99 below
+    args = make_batch([4], seed=99).args()
+    assert ffi_dsa.check_topk(out, *args, rows=[row]) != []           # 0.99 > 1e-3 * 10
+    row.magnitude = 2.0 ** 12 * 1.0                                   # covers a gap of 1.0
+    assert ffi_dsa.check_topk(out, *args, rows=[row]) == []
+    out = np.array([[640, 643]], np.int32)                            # 5.0: 4.99 below, still too far
+    assert ffi_dsa.check_topk(out, *args, rows=[row]) != []
+
+
+def test_reference_magnitude_is_the_sum_of_absolute_products():
+    """RowScores.magnitude = max_t sum_h |w_h| * sum_d |q_hd * k_td| (float64)."""
+    batch = make_batch([70], seed=97)
+    row = ffi_dsa.reference_scores(*batch.args())[0]
+    q = batch.q.view(ml_dtypes.float8_e4m3fn).astype(np.float64)[0]
+    fp8, scale = ffi_dsa.unpack_k_cache(batch.k_cache)
+    t = np.arange(70)
+    page = batch.block_table[0, t // 64]
+    keys = fp8[page, t % 64] * scale[page, t % 64][:, None]
+    per_token = (np.abs(keys)[:, None, :] * np.abs(q)[None]).sum(axis=2) @ np.abs(batch.weights[0].astype(np.float64))
+    assert np.isclose(row.magnitude, per_token.max(), rtol=1e-12)
