@@ -78,6 +78,9 @@ def _contest_lengths(rng, batch: int, long_rows: int, long_max: int = 6000) -> n
     return lens
 
 
+WIDE_TABLE_PAGES = 2560
+
+
 def workloads(seed: int = 1234) -> dict[str, dict]:
     rng = np.random.default_rng(seed)
     w = {
@@ -92,7 +95,14 @@ def workloads(seed: int = 1234) -> dict[str, dict]:
         "C3": {"lens": _contest_lengths(rng, 4, 1), "desc": "B=4, <=2K + one <=6K"},
         "C4": {"lens": _contest_lengths(rng, 13, 2), "desc": "B=13, <=2K + two <=6K"},
         "C5": {"lens": _contest_lengths(rng, 31, 3), "desc": "B=31, <=2K + three <=6K"},
+        "L1": {"lens": np.full(1, 1 << 20), "desc": "B=1 x 1M"},
+        "L2": {"lens": np.full(256, 2049), "desc": "B=256 x 2049"},
     }
+    # The same rows in block tables as wide as serving engines allocate them (the model's longest
+    # context, 163840 tokens): the cost must not follow the table's width.
+    for name in ("W1", "W3", "W5"):
+        w[name + "w"] = {"lens": w[name]["lens"], "desc": w[name]["desc"] + ", table 2560 pages",
+                         "table_pages": WIDE_TABLE_PAGES}
     for item in w.values():
         item["lens"] = np.asarray(item["lens"], dtype=np.int64)
     return w
@@ -192,7 +202,8 @@ class Rotation:
         return int(self.mega.k_cache.numel())
 
 
-def rotating_sets(lens: np.ndarray, device: str, rotate_bytes: int, seed: int, max_sets: int) -> Rotation:
+def rotating_sets(lens: np.ndarray, device: str, rotate_bytes: int, seed: int, max_sets: int,
+                  max_pages: int | None = None) -> Rotation:
     """Input sets for L2-cold timing, made in one go.
 
     Why: the H100 has 50 MB of L2, so replaying one call on one input measures the cache, not
@@ -206,7 +217,7 @@ def rotating_sets(lens: np.ndarray, device: str, rotate_bytes: int, seed: int, m
     """
     k_bytes = max(1, int(((np.clip(lens, 0, None) + PAGE_TOKENS - 1) // PAGE_TOKENS).sum()) * PAGE_BYTES)
     sets = int(min(max_sets, max(2, math.ceil(rotate_bytes / k_bytes))))
-    mega = make_batch_torch(np.tile(lens, sets), seed=seed, device=device)
+    mega = make_batch_torch(np.tile(lens, sets), seed=seed, device=device, max_pages=max_pages)
     rot = Rotation(mega=mega, batch=len(lens), sets=sets)
     rot.outs = [torch.full((len(lens), TOPK), -7, dtype=torch.int32, device=device) for _ in range(sets)]
     return rot
@@ -348,7 +359,8 @@ def run_workload(name: str, spec: dict, a, clock: Clock, bandwidth: float, chain
          "max_len": int(lens.max()), "floor_bytes": floor_bytes(lens)}
     r["floor_us"] = r["floor_bytes"] / bandwidth * 1e6
     t0 = time.perf_counter()
-    rot = rotating_sets(lens, device, a.rotate_mb * MB, seed=a.seed + zlib.crc32(name.encode()) % 1000, max_sets=a.max_sets)
+    rot = rotating_sets(lens, device, a.rotate_mb * MB, seed=a.seed + zlib.crc32(name.encode()) % 1000,
+                        max_sets=a.max_sets, max_pages=spec.get("table_pages"))
     clock.sync()
     r["sets"], r["rotation_mb"] = rot.sets, rot.cache_bytes / MB
     print(f"  {name} ({spec['desc']}, {r['tokens']} tokens): {rot.sets} input sets over "
@@ -554,7 +566,7 @@ def plot(results: list[dict], path: Path, title: str) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bench_gpu", description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="all", help="comma list of W1..W6,C1..C5 (default all)")
+    parser.add_argument("--workloads", default="all", help="comma list of W1..W6, C1..C5, L1 (1 x 1M), L2 (256 x 2049), W1w/W3w/W5w (2560-page tables); default all")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu only exercises the plumbing (no graphs, tiny sizes with --smoke)")
     parser.add_argument("--smoke", action="store_true", help="lengths / 32, 64 MB rotation, few replays")

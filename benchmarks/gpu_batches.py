@@ -81,13 +81,14 @@ def remap_ids(ids: np.ndarray, page_map: np.ndarray) -> np.ndarray:
 CHUNK_PAGES = 4096  # pages generated per step: bounds the float32 temporaries
 
 
-def make_batch_torch(seq_lens, *, seed: int = 0, device="cuda") -> TorchBatch:
-    """A batch with the given row lengths, generated on `device` (see the module docstring)."""
+def make_batch_torch(seq_lens, *, seed: int = 0, device="cuda", max_pages: int | None = None) -> TorchBatch:
+    """A batch with the given row lengths, generated on `device` (see the module docstring); the
+    block table is `max_pages` wide when given (else the longest row's pages), -1 past each row."""
     device = torch.device(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     lens = np.asarray(seq_lens, dtype=np.int64)
-    pages_per_row, max_pages, num_pages = page_layout(lens)
+    pages_per_row, max_pages, num_pages = page_layout(lens, max_pages=max_pages)
     batch = len(lens)
 
     k_cache = torch.empty((num_pages, PAGE_TOKENS, 1, TOKEN_BYTES), dtype=torch.int8, device=device)

@@ -1,0 +1,272 @@
+"""Randomized check of the operator against the float64 reference (docs/contract.md), many calls.
+
+Every call draws a new shape and data: B (0 .. 8, sometimes 131-133 or a few hundred), row lengths
+(0, 1, 63, 64, 65, K-1, K, K+1, 2047-2049, random, sometimes long), K (1, 17, 512, 1000, 2047, 2048 or
+random), the order (position or score), a block table sometimes far wider than the rows with random
+page ids (valid or not) past each row's length, invalid page ids inside rows, NaN and infinite
+scales, NaN weights, and about half the calls use data whose scores are exact in any order of
+addition (small integers: exact ties and relu's 0.0 plateaus), where the output must equal the
+reference's choice byte for byte; elsewhere `check_topk`'s tolerance applies. Outputs are poisoned
+before each call and must be fully written; every call is repeated (on CUDA on a second stream) and
+must give the same bytes.
+
+Pages come from two fixed pools (random FP8 keys with random scales, and small-integer keys with
+unit scales), decoded once, so a call costs only its own tokens' reference scores.
+
+    python -m ffi_dsa.benchmarks.fuzz --device cuda --calls 10000      (benchmarks/fuzz.py in a checkout)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import ffi_dsa  # noqa: E402
+from ffi_dsa.contract import HEAD_DIM, NUM_HEADS, PAGE_TOKENS  # noqa: E402
+from ffi_dsa.kv_cache import pack_k_cache, unpack_k_cache  # noqa: E402
+from ffi_dsa.reference import RowScores, rank_order  # noqa: E402
+
+POOL_PAGES = 4096  # 262K tokens per pool: rows draw distinct pages from it
+EDGE_LENGTHS = [0, 1, 2, 63, 64, 65, 127, 2047, 2048, 2049, 4095, 4097]
+TOPKS = [1, 17, 512, 1000, 2047, 2048]
+
+
+class Pool:
+    """A packed page pool and its decoded float64 keys (scale applied, as the contract writes it)."""
+
+    def __init__(self, rng: np.random.Generator, exact: bool):
+        import ml_dtypes
+
+        if exact:
+            keys = rng.choice(np.array([-1.0, 0.0, 0.0, 1.0, 2.0], np.float32), size=(POOL_PAGES, PAGE_TOKENS, HEAD_DIM))
+            keys[..., 4:] = 0.0  # few active dims: exact integer sums, many ties and zero plateaus
+        else:
+            keys = rng.standard_normal((POOL_PAGES, PAGE_TOKENS, HEAD_DIM), dtype=np.float32)
+        self.k_cache = pack_k_cache(keys)
+        raw = self.k_cache.view(np.uint8).reshape(POOL_PAGES, -1)
+        scales = raw[:, PAGE_TOKENS * HEAD_DIM:].view("<f4")
+        if exact:
+            scales[:] = 1.0
+            fp8 = keys.astype(ml_dtypes.float8_e4m3fn)
+            raw[:, : PAGE_TOKENS * HEAD_DIM] = fp8.view(np.uint8).reshape(POOL_PAGES, -1)
+        else:
+            scales[:] = rng.uniform(0.5, 1.5, size=scales.shape).astype(np.float32)
+            special = rng.choice(scales.size, size=64, replace=False)  # a few NaN / inf / negative scales
+            scales.reshape(-1)[special[:24]] = np.nan
+            scales.reshape(-1)[special[24:40]] = np.inf
+            scales.reshape(-1)[special[40:]] = -1.0
+        fp8v, scale = unpack_k_cache(self.k_cache)
+        self.keys = (fp8v * scale[..., None]).reshape(POOL_PAGES * PAGE_TOKENS, HEAD_DIM)
+        self.exact = exact
+
+
+def draw_lengths(rng, batch: int, topk: int) -> np.ndarray:
+    lens = np.empty(batch, np.int64)
+    for b in range(batch):
+        kind = rng.random()
+        if kind < 0.35:
+            lens[b] = rng.choice(EDGE_LENGTHS + [topk - 1, topk, topk + 1])
+        elif kind < 0.94:
+            lens[b] = rng.integers(0, 6000)
+        elif kind < 0.995:
+            lens[b] = rng.integers(6000, 40000)
+        else:
+            lens[b] = rng.integers(40000, 200000)
+    return np.clip(lens, 0, None)
+
+
+def draw_call(rng, pools):
+    pool = pools[rng.random() < 0.5]
+    topk = int(rng.choice(TOPKS)) if rng.random() < 0.8 else int(rng.integers(1, 2049))
+    r = rng.random()
+    batch = int(rng.integers(0, 9)) if r < 0.96 else (int(rng.integers(131, 134)) if r < 0.99 else int(rng.integers(200, 400)))
+    lens = draw_lengths(rng, batch, topk)
+    if batch > 100:
+        lens = np.minimum(lens, 1200)  # keep the reference's work per call bounded
+    pages = (lens + PAGE_TOKENS - 1) // PAGE_TOKENS
+    width = int(max(1, pages.max(initial=0)))
+    if rng.random() < 0.2 and width < 2560:
+        width = int(rng.integers(width, 2561))  # a table sized for the model's longest row
+    table = rng.integers(-3, POOL_PAGES + 3, size=(batch, width)).astype(np.int32)  # garbage past lengths
+    for b in range(batch):
+        table[b, : pages[b]] = rng.choice(POOL_PAGES, size=pages[b], replace=False)
+        if pages[b] and rng.random() < 0.1:  # invalid pages inside the row
+            bad = rng.choice(pages[b], size=min(pages[b], int(rng.integers(1, 4))), replace=False)
+            table[b, bad] = rng.choice(np.array([-1, -7, POOL_PAGES, POOL_PAGES + 100], np.int32), size=len(bad))
+    if pool.exact:
+        q = rng.choice(np.array([0.0, 1.0, 2.0], np.float32), size=(batch, NUM_HEADS, HEAD_DIM))
+        q[..., 4:] = 0.0
+        weights = rng.choice(np.array([-1.0, 1.0, 2.0], np.float32), size=(batch, NUM_HEADS))
+    else:
+        q = rng.standard_normal((batch, NUM_HEADS, HEAD_DIM), dtype=np.float32)
+        weights = rng.standard_normal((batch, NUM_HEADS), dtype=np.float32)
+        if batch and rng.random() < 0.05:
+            weights[rng.integers(0, batch), rng.integers(0, NUM_HEADS)] = np.nan
+    import ml_dtypes
+
+    q8 = q.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    seq_lens = lens.astype(np.int32)
+    if batch and rng.random() < 0.05:
+        seq_lens[rng.integers(0, batch)] = -5  # counts as 0
+    return pool, (q8, pool.k_cache, weights, seq_lens, table), topk, bool(rng.random() < 0.4)
+
+
+def reference_rows(pool: Pool, args) -> list[RowScores]:
+    """reference_scores for the pool's pages, from the decoded keys."""
+    import ml_dtypes
+
+    q8, _, weights, seq_lens, table = args
+    rows = []
+    for b in range(q8.shape[0]):
+        n = int(np.clip(seq_lens[b], 0, table.shape[1] * PAGE_TOKENS))
+        t = np.arange(n)
+        page = table[b, t // PAGE_TOKENS].astype(np.int64)
+        valid = (page >= 0) & (page < POOL_PAGES)
+        t, page = t[valid], page[valid]
+        keys = pool.keys[page * PAGE_TOKENS + t % PAGE_TOKENS]
+        qf = q8[b].view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+        w = weights[b].astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            logits = keys @ qf.T
+            score = np.where(logits < 0, 0.0, logits) @ w
+            magnitude = (np.abs(keys) @ np.abs(qf).T) @ np.abs(w)
+        finite = magnitude[np.isfinite(magnitude)]
+        rows.append(RowScores(positions=t, ids=page * PAGE_TOKENS + t % PAGE_TOKENS, scores=score,
+                              magnitude=float(finite.max()) if finite.size else 0.0))
+    return rows
+
+
+def expected_output(rows, topk: int, sorted_: bool) -> np.ndarray:
+    out = np.full((len(rows), topk), -1, np.int32)
+    for b, row in enumerate(rows):
+        best = rank_order(row)[:topk]
+        if not sorted_:
+            best = np.sort(best)
+        out[b, : len(best)] = row.ids[best]
+    return out
+
+
+class Runner:
+    """One call into a poisoned output, and its repeat (on CUDA on a second stream)."""
+
+    SENTINEL = 0x7EEEEEEE
+
+    def __init__(self, device: str):
+        self.device = device
+        if device == "cuda":
+            import torch
+
+            self.torch = torch
+            self.side = torch.cuda.Stream()
+
+    def run(self, args, topk: int, sorted_: bool) -> tuple[np.ndarray, np.ndarray]:
+        if self.device == "cpu":
+            outs = []
+            for _ in range(2):
+                out = np.full((args[0].shape[0], topk), self.SENTINEL, np.int32)
+                ffi_dsa.call(*args, out, sorted=sorted_)
+                outs.append(out)
+            return outs[0], outs[1]
+        torch = self.torch
+        t = [torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in args]
+        t[0] = t[0].view(torch.float8_e4m3fn)
+        first = torch.full((args[0].shape[0], topk), self.SENTINEL, dtype=torch.int32, device="cuda")
+        second = first.clone()
+        ffi_dsa.call(*t, first, sorted=sorted_)
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            ffi_dsa.call(*t, second, sorted=sorted_)
+        torch.cuda.synchronize()
+        return first.cpu().numpy(), second.cpu().numpy()
+
+
+_POOLS: tuple[Pool, Pool] | None = None  # set before the checking processes fork: they share it
+
+
+def verdict(task) -> list[str]:
+    """The problems of one call's outputs (runs in a checking process)."""
+    exact, args, topk, sorted_, got, again = task
+    pool = _POOLS[exact]
+    problems = []
+    if np.any(got == Runner.SENTINEL):
+        problems.append("output not fully written")
+    if not np.array_equal(got, again):
+        problems.append("a repeated call gave other bytes")
+    rows = reference_rows(pool, args)
+    if pool.exact:
+        want = expected_output(rows, topk, sorted_)
+        bad = np.nonzero(np.any(got != want, axis=1))[0]
+        if bad.size:
+            problems.append(f"exact data: rows {bad[:5].tolist()} differ from the reference's choice")
+    else:
+        problems += ffi_dsa.check_topk(got, *args, sorted=sorted_, rows=rows)
+    return problems
+
+
+def calls_and_outputs(rng, runner: Runner, count: int, deadline: float):
+    """(description, task) of each call, run on the device as the checks consume them."""
+    for i in range(count):
+        if deadline and time.perf_counter() > deadline:
+            return
+        pool, args, topk, sorted_ = draw_call(rng, _POOLS)
+        got, again = runner.run(args, topk, sorted_)
+        lens = np.asarray(args[3])
+        about = (f"call {i}: B={len(lens)} K={topk} sorted={sorted_} exact={pool.exact} width={args[4].shape[1]} "
+                 f"lens={lens[:12].tolist()}", int(np.clip(lens, 0, None).sum()))
+        yield about, (pool.exact, args, topk, sorted_, got, again)
+
+
+def main(argv=None) -> int:
+    import multiprocessing
+    import os
+
+    global _POOLS
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument("--calls", type=int, default=10000)
+    parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument("--minutes", type=float, default=0.0, help="stop after this long (0: no limit)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes checking outputs")
+    a = parser.parse_args(argv)
+    rng = np.random.default_rng(a.seed)
+    warnings.filterwarnings("ignore", category=RuntimeWarning)  # inf - inf in the checks of inf scores
+    start = time.perf_counter()
+    _POOLS = (Pool(rng, exact=False), Pool(rng, exact=True))
+    # The checking processes fork before the device is touched, sharing the decoded pools.
+    workers = multiprocessing.get_context("fork").Pool(max(1, a.workers))
+    runner = Runner(a.device)
+    deadline = start + 60 * a.minutes if a.minutes else 0.0
+    failures = calls = tokens = 0
+    stream = calls_and_outputs(rng, runner, a.calls, deadline)
+    abouts = []
+
+    def tasks():
+        for about, task in stream:
+            abouts.append(about)
+            yield task
+
+    for problems in workers.imap(verdict, tasks(), chunksize=4):
+        about, n_tokens = abouts[calls]
+        calls += 1
+        tokens += n_tokens
+        if problems:
+            failures += 1
+            print(f"FAIL {about}: {problems[:3]}", flush=True)
+        if calls % 500 == 0:
+            print(f"fuzz: {calls} calls, {failures} failing, {time.perf_counter() - start:.0f} s", flush=True)
+    workers.close()
+    print(f"fuzz ({a.device}, seed {a.seed}): {calls} calls, {tokens} tokens, {failures} failing, "
+          f"{time.perf_counter() - start:.0f} s")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
