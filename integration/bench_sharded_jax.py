@@ -25,9 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from ffi_dsa.contract import DEFAULT_TOPK, HEAD_DIM as DIM, NUM_HEADS as HEADS, PAGE_TOKENS, TOKEN_BYTES
 from ffi_dsa.integration.jax_ffi import topk_indexer
-
-PAGE_TOKENS, HEADS, DIM, TOKEN_BYTES = 64, 64, 128, 132
 COLLECTIVE = re.compile(r"\b(all-gather|all-to-all|collective-permute|all-reduce|reduce-scatter)\b")
 
 
@@ -79,7 +78,7 @@ def main(argv=None) -> int:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--batch", type=int, default=8, help="rows; must divide by --devices")
     parser.add_argument("--context", type=int, default=2048, help="tokens per row")
-    parser.add_argument("--topk", type=int, default=2048)
+    parser.add_argument("--topk", type=int, default=DEFAULT_TOPK)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)

@@ -26,6 +26,7 @@ except ImportError:  # run as a script from a source checkout
 
 from ffi_dsa import _ffi_api
 from ffi_dsa.integration import torch_op  # noqa: F401
+from ffi_dsa.contract import DEFAULT_TOPK
 from ffi_dsa.workloads import make_batch
 
 
@@ -35,13 +36,13 @@ def _custom_op():
 
     @torch.library.custom_op("dsa_bench::topk_indexer", mutates_args=())
     def op(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, seq_lens: torch.Tensor,
-           block_table: torch.Tensor, topk: int = 2048, sorted: bool = False) -> torch.Tensor:
+           block_table: torch.Tensor, topk: int = DEFAULT_TOPK, sorted: bool = False) -> torch.Tensor:
         out = torch.empty((q.shape[0], topk), dtype=torch.int32, device=q.device)
         fn(q, k_cache, weights, seq_lens, block_table, out, sorted)
         return out
 
     @op.register_fake
-    def _(q, k_cache, weights, seq_lens, block_table, topk=2048, sorted=False):
+    def _(q, k_cache, weights, seq_lens, block_table, topk=DEFAULT_TOPK, sorted=False):
         return q.new_empty((q.shape[0], topk), dtype=torch.int32)
 
     return op

@@ -28,6 +28,7 @@ except ImportError:  # run as a script from a source checkout
 
 from ffi_dsa.contract import HEAD_DIM as DIM  # noqa: E402
 from ffi_dsa.contract import NUM_HEADS as HEADS  # noqa: E402
+from ffi_dsa.contract import DEFAULT_TOPK  # noqa: E402
 from ffi_dsa.contract import PAGE_TOKENS as PAGE  # noqa: E402
 from ffi_dsa.integration import torch_op  # noqa: F401  (registers torch.ops.dsa.*)
 from ffi_dsa.kv_cache import FP8_MAX  # noqa: E402
@@ -43,7 +44,7 @@ def quantize_fp8(x: torch.Tensor):
 class Indexer(nn.Module):
     """Lightning indexer of one decode token per row; returns the top-K token ids of each row."""
 
-    def __init__(self, hidden: int = 512, topk: int = 2048):
+    def __init__(self, hidden: int = 512, topk: int = DEFAULT_TOPK):
         super().__init__()
         self.topk = topk
         self.wq = nn.Linear(hidden, HEADS * DIM, bias=False)
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--context", type=int, default=3000, help="tokens already cached per row")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--topk", type=int, default=2048)
+    parser.add_argument("--topk", type=int, default=DEFAULT_TOPK)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     torch.manual_seed(0)

@@ -31,6 +31,7 @@ import tvm_ffi
 
 from .. import _ffi_api
 from ..api import checked_topk
+from ..contract import DEFAULT_TOPK
 from .jax_sharding import batch_partitioned
 
 TARGET = "ffi_dsa_topk_indexer"
@@ -149,7 +150,7 @@ def _batched_op(topk: int, sorted: bool):
     return jax.jit(op)
 
 
-def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = 2048, sorted: bool = False):
+def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False):
     """int32 ``[B, topk]``: the top-K token ids of each row (SPEC.md), as a JAX array.
 
     Works eagerly and inside ``jax.jit`` (``topk`` and ``sorted`` must be static there),

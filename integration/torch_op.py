@@ -42,12 +42,13 @@ import torch
 from .. import _ffi_api
 from .._arrays import ARG_NAMES, named_argument_error
 from ..api import checked_topk
+from ..contract import DEFAULT_TOPK
 
 NAMESPACE = "dsa"
 
 _SCHEMA = (
     "topk_indexer(Tensor q, Tensor k_cache, Tensor weights, Tensor seq_lens, Tensor block_table, "
-    "int topk=2048, bool sorted=False) -> Tensor"
+    f"int topk={DEFAULT_TOPK}, bool sorted=False) -> Tensor"
 )
 _SCHEMA_OUT = (
     "topk_indexer_out(Tensor q, Tensor k_cache, Tensor weights, Tensor seq_lens, Tensor block_table, "
@@ -62,7 +63,7 @@ def _batch(q: torch.Tensor):
 # ---- real kernels (CPU and CUDA dispatch keys) ------------------------------------------------
 
 # The two kernels are on the eager hot path: kept flat (every Python call here costs ~0.1 us).
-def _topk_indexer_kernel(q, k_cache, weights, seq_lens, block_table, topk=2048, sorted=False):
+def _topk_indexer_kernel(q, k_cache, weights, seq_lens, block_table, topk=DEFAULT_TOPK, sorted=False):
     if topk < 0:
         checked_topk(topk)
     # The dispatcher lets None through for a Tensor argument: named here, off the hot path.
@@ -97,7 +98,7 @@ def _same_device(tensors) -> None:
                              "argument must be on one device")
 
 
-def _topk_indexer_fake(q, k_cache, weights, seq_lens, block_table, topk=2048, sorted=False):
+def _topk_indexer_fake(q, k_cache, weights, seq_lens, block_table, topk=DEFAULT_TOPK, sorted=False):
     if isinstance(topk, int):
         checked_topk(topk)
     _same_device((q, k_cache, weights, seq_lens, block_table))
@@ -139,7 +140,7 @@ topk_indexer_op = torch.ops.dsa.topk_indexer.default
 topk_indexer_out_op = torch.ops.dsa.topk_indexer_out.default
 
 
-def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = 2048, sorted: bool = False):
+def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False):
     """``torch.ops.dsa.topk_indexer`` (functional): int32 ``[B, topk]`` on q's device."""
     return topk_indexer_op(q, k_cache, weights, seq_lens, block_table, topk, sorted)
 

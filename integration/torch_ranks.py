@@ -36,6 +36,7 @@ except ImportError:  # run as a script from a source checkout
 
 from ffi_dsa import _ffi_api
 from ffi_dsa.integration import torch_op  # noqa: F401  (registers torch.ops.dsa.*)
+from ffi_dsa.contract import DEFAULT_TOPK
 from ffi_dsa.workloads import make_batch
 
 
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--batch-sizes", default="8,7,1", help="comma-separated; each is one call per rank")
-    parser.add_argument("--topk", type=int, default=2048)
+    parser.add_argument("--topk", type=int, default=DEFAULT_TOPK)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="also keep the gathered ids here (.npz: batch0, batch1, ... "
                                       "in --batch-sizes order)")

@@ -27,6 +27,7 @@ import tvm_ffi
 
 from .. import _ffi_api
 from ..api import checked_topk
+from ..contract import DEFAULT_TOPK
 
 GLOBAL_NAME = "ffi_dsa.topk_indexer"
 GLOBAL_NAME_SORTED = "ffi_dsa.topk_indexer_sorted"
@@ -56,7 +57,7 @@ def register_global_funcs() -> None:
         _registered = True
 
 
-def indexer_module(topk: int = 2048, sorted: bool = False):
+def indexer_module(topk: int = DEFAULT_TOPK, sorted: bool = False):
     """A Relax IRModule whose ``main(q, k_cache, weights, seq_lens, block_table)`` returns the
     int32 ``[b, topk]`` top-K ids through ``R.call_dps_packed``.
 
