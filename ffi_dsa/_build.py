@@ -11,6 +11,7 @@ what is missing (:class:`NativeBuildError`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -165,7 +166,36 @@ def build(name: str, sources: list[str], *, headers: list[str], cflags: list[str
     library = build_dir / f"{name}.so"
     if library.is_file():
         return str(library)
+    with _build_lock(build_dir):
+        if library.is_file():  # another process built it while this one waited
+            return str(library)
+        return _build_locked(name, sources, root, build_dir, cflags, cuda_cflags, ldflags, cuda_arch_list, reason)
 
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Path):
+    """One process at a time builds a module into `build_dir` (torchrun ranks starting on an empty
+    cache would otherwise all run ninja in the same folder); the others wait, then load its result."""
+    build_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # no POSIX locks: builds are not serialized
+        yield
+        return
+    with open(build_dir.parent / f"{build_dir.name}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            print(f"ffi_dsa: waiting for another process building {build_dir.name} ...", file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build_locked(name, sources, root, build_dir, cflags, cuda_cflags, ldflags, cuda_arch_list, reason) -> str:
+    has_cuda = any(s.endswith(".cu") for s in sources)
     _ninja_on_path()
     print(f"ffi_dsa: building {name} ({reason}; cached in {build_dir}) ...",
           file=sys.stderr, flush=True)
