@@ -186,7 +186,7 @@ def _build_lock(build_dir: Path):
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            print(f"ffi_dsa: waiting for another process building {build_dir.name} ...", file=sys.stderr, flush=True)
+            print(f"ffi_dsa: waiting for another process building into {build_dir} ...", file=sys.stderr, flush=True)
             fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
