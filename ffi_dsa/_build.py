@@ -169,7 +169,8 @@ def build(name: str, sources: list[str], *, headers: list[str], cflags: list[str
     with _build_lock(build_dir):
         if library.is_file():  # another process built it while this one waited
             return str(library)
-        return _build_locked(name, sources, root, build_dir, cflags, cuda_cflags, ldflags, cuda_arch_list, reason)
+        return _build_locked(name, sources, root, build_dir, cflags, cuda_cflags, ldflags,
+                             cuda_arch_list if has_cuda else None, reason)
 
 
 @contextlib.contextmanager
@@ -195,14 +196,14 @@ def _build_lock(build_dir: Path):
 
 
 def _build_locked(name, sources, root, build_dir, cflags, cuda_cflags, ldflags, cuda_arch_list, reason) -> str:
-    has_cuda = any(s.endswith(".cu") for s in sources)
+    """The build itself (build() holds the lock); `cuda_arch_list` is None for a module without CUDA."""
     _ninja_on_path()
     print(f"ffi_dsa: building {name} ({reason}; cached in {build_dir}) ...",
           file=sys.stderr, flush=True)
     start = time.perf_counter()
     env_backup = {k: os.environ.get(k) for k in ("CUDA_HOME", "TVM_FFI_CUDA_ARCH_LIST")}
     try:
-        if has_cuda:
+        if cuda_arch_list is not None:
             os.environ["CUDA_HOME"] = cuda_home()
             os.environ["TVM_FFI_CUDA_ARCH_LIST"] = cuda_arch_list
         path = tvm_ffi.cpp.build(

@@ -54,15 +54,21 @@ def reference_scores(q, k_cache, weights, seq_lens, block_table) -> list[RowScor
         valid = (page >= 0) & (page < num_pages)
         t, page, slot = t[valid], page[valid], slot[valid]
         keys = fp8[page, slot] * scale[page, slot][:, None]         # scale before relu, as written
-        with np.errstate(invalid="ignore", over="ignore"):
-            logits = keys @ qf[b].T                                    # [n, 64]
-            relu = np.where(logits < 0, 0.0, logits)                   # keeps NaN, as torch.relu does
-            score = relu @ w[b]
-            magnitude = (np.abs(keys) @ np.abs(qf[b]).T) @ np.abs(w[b])  # M[t]
-        finite = magnitude[np.isfinite(magnitude)]
-        rows.append(RowScores(positions=t, ids=page * PAGE_TOKENS + slot, scores=score,
-                              magnitude=float(finite.max()) if finite.size else 0.0))
+        rows.append(row_scores(keys, qf[b], w[b], t, page * PAGE_TOKENS + slot))
     return rows
+
+
+def row_scores(keys: np.ndarray, q_row: np.ndarray, w_row: np.ndarray, positions, ids) -> RowScores:
+    """One row's RowScores from its candidates' float64 keys ``[n, D]`` (fp8 value x scale), the
+    row's float64 q ``[H, D]`` and weights ``[H]``, and the candidates' positions and global ids."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        logits = keys @ q_row.T                                    # [n, H]
+        relu = np.where(logits < 0, 0.0, logits)                   # keeps NaN, as torch.relu does
+        score = relu @ w_row
+        magnitude = (np.abs(keys) @ np.abs(q_row).T) @ np.abs(w_row)  # M[t]
+    finite = magnitude[np.isfinite(magnitude)]
+    return RowScores(positions=positions, ids=ids, scores=score,
+                     magnitude=float(finite.max()) if finite.size else 0.0)
 
 
 def rank_order(row: RowScores) -> np.ndarray:
@@ -74,7 +80,11 @@ def rank_order(row: RowScores) -> np.ndarray:
 
 def reference(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False) -> np.ndarray:
     """The exact answer under float64 scores, as int32 ``[B, topk]`` (numpy)."""
-    rows = reference_scores(q, k_cache, weights, seq_lens, block_table)
+    return select_rows(reference_scores(q, k_cache, weights, seq_lens, block_table), topk, sorted)
+
+
+def select_rows(rows: list[RowScores], topk: int, sorted: bool = False) -> np.ndarray:
+    """The exact top-K ids of each row's candidates, int32 ``[len(rows), topk]`` with the -1 tail."""
     out = np.full((len(rows), topk), -1, dtype=np.int32)
     for b, row in enumerate(rows):
         best = rank_order(row)[:topk]
