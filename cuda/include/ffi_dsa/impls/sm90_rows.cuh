@@ -7,8 +7,24 @@
 
 namespace ffi_dsa::sm90 {
 
-__device__ __forceinline__ int64_t ClampedLength(const int32_t* seq_lens, int64_t b, int32_t max_pages) {
-  return ClampLength(seq_lens[b], max_pages);
+// How the N query tokens of each row see it (docs/contract.md §7). Query j of row b is query row
+// b * N + j: its q, weights, workspace keys and output row.
+struct QueryShape {
+  int32_t queries;      // N
+  bool per_query_lens;  // seq_lens is [B, N]; else [B], the queries being the row's last N tokens
+};
+
+// Tokens query j of row b sees, from a seq_lens entry already read (the select reads it through
+// L2). At most the entry itself, so it fits 32 bits.
+__device__ __forceinline__ int32_t QueryLengthOf(int32_t entry, int j, QueryShape qs, int32_t max_pages) {
+  return static_cast<int32_t>(VisibleTokens(entry, j, qs.queries, qs.per_query_lens, max_pages));
+}
+__device__ __forceinline__ const int32_t* QueryLengthEntry(const int32_t* seq_lens, int64_t b, int j, QueryShape qs) {
+  return seq_lens + SeqLensIndex(b, j, qs.queries, qs.per_query_lens);
+}
+__device__ __forceinline__ int32_t QueryLength(const int32_t* seq_lens, int64_t b, int j, QueryShape qs,
+                                               int32_t max_pages) {
+  return QueryLengthOf(*QueryLengthEntry(seq_lens, b, j, qs), j, qs, max_pages);
 }
 
 // A row of more than K tokens needs a threshold (and the row stats it starts from); one of at most
@@ -23,9 +39,18 @@ __host__ __device__ __forceinline__ bool ScoresNeeded(int64_t tokens, int32_t to
   return sorted || ThresholdNeeded(tokens, topk);
 }
 
-// Pages kernel 1 scores for a row of n tokens.
+// Pages kernel 1 scores for a query of n tokens.
 __device__ __forceinline__ int32_t ScoredPages(int64_t n, int32_t topk, bool sorted) {
   return ScoresNeeded(n, topk, sorted) ? static_cast<int32_t>((n + kPageTokens - 1) / kPageTokens) : 0;
+}
+
+// Pages kernel 1 scores for row b: each page once for all of the row's queries, up to the longest
+// prefix among those that need scores.
+__device__ __forceinline__ int32_t RowScoredPages(const int32_t* seq_lens, int64_t b, QueryShape qs, int32_t max_pages,
+                                                  int32_t topk, bool sorted) {
+  int32_t pages = 0;
+  for (int j = 0; j < qs.queries; ++j) pages = max(pages, ScoredPages(QueryLength(seq_lens, b, j, qs, max_pages), topk, sorted));
+  return pages;
 }
 
 }  // namespace ffi_dsa::sm90
