@@ -53,7 +53,7 @@ def reference_scores(q, k_cache, weights, seq_lens, block_table) -> list[RowScor
     if qf.ndim == 3:
         qf = qf[:, None]                                           # [B, N = 1, H, D]
     batch, queries, heads = qf.shape[:3]
-    qf = qf.reshape(batch * queries, heads, -1)
+    qf = qf.reshape(batch * queries, heads, qf.shape[-1])  # B = 0 leaves nothing to infer -1 from
     w = to_numpy(weights).astype(np.float64).reshape(batch * queries, heads)
     table = to_numpy(block_table).astype(np.int64)
     fp8, scale = unpack_k_cache(k_cache)
