@@ -64,16 +64,9 @@ def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT
         return jax_ffi.topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=topk, sorted=sorted)
     _arrays.check_tensor(q, _arrays.ARG_NAMES[0])
     topk = checked_topk(topk)
-    out = _arrays.empty_like_framework(q, _output_shape(q.shape, topk), "int32")
+    out = _arrays.empty_like_framework(q, _arrays.output_shape(q.shape, topk), "int32")
     call(q, k_cache, weights, seq_lens, block_table, out, sorted=sorted, validate=validate)
     return out
-
-
-def _output_shape(q_shape, topk: int) -> tuple[int, ...]:
-    """[B, K] for a rank-3 q, [B, N, K] for a rank-4 one; other ranks get [B, K] and the native check
-    names q's rank."""
-    batch = q_shape[0] if len(q_shape) else 0
-    return (batch, q_shape[1], topk) if len(q_shape) == 4 else (batch, topk)
 
 
 def validate_pages(k_cache, seq_lens, block_table) -> None:

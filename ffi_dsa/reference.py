@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from ._arrays import to_numpy
+from ._arrays import output_shape, to_numpy
 from .contract import DEFAULT_TOPK, PAGE_TOKENS
 from .kv_cache import unpack_k_cache
 
@@ -96,8 +96,7 @@ def reference(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TO
     """The exact answer under float64 scores, as int32 ``[B, topk]`` (numpy), or ``[B, N, topk]``
     for a rank-4 q."""
     out = select_rows(reference_scores(q, k_cache, weights, seq_lens, block_table), topk, sorted)
-    shape = q.shape
-    return out.reshape(shape[0], shape[1], topk) if len(shape) == 4 else out
+    return out.reshape(output_shape(q.shape, topk))
 
 
 def select_rows(rows: list[RowScores], topk: int, sorted: bool = False) -> np.ndarray:

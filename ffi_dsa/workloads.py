@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from ._arrays import output_shape
 from .contract import HEAD_DIM, NUM_HEADS, PAGE_TOKENS
 from .kv_cache import pack_k_cache
 
@@ -51,8 +52,8 @@ class Batch:
         return int(self.q.shape[1]) if self.q.ndim == 4 else None
 
     def output_shape(self, topk: int) -> tuple[int, ...]:
-        """[B, K], or [B, N, K] for a rank-4 q."""
-        return (self.q.shape[0], topk) if self.q.ndim == 3 else (self.q.shape[0], self.q.shape[1], topk)
+        """[B, K], or [B, N, K] for a rank-4 q (ffi_dsa._arrays.output_shape)."""
+        return output_shape(self.q.shape, topk)
 
 
 def page_layout(seq_lens, spare_pages: int = 0, max_pages: int | None = None) -> tuple[np.ndarray, int, int]:

@@ -19,6 +19,7 @@ import torch
 import ffi_dsa
 from ffi_dsa.contract import DEFAULT_TOPK as DEFAULT_K
 from ffi_dsa.contract import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_FP8_BYTES, PAGE_TOKENS
+from ffi_dsa._arrays import output_shape
 from ffi_dsa.workloads import Batch, make_batch
 
 SENTINEL = 0x7EEEEEEE      # never a valid id (ids are < num_pages * 64) and never -1
@@ -80,11 +81,6 @@ def assert_all_written(out) -> None:
     assert unwritten.size == 0, f"{len(unwritten)} output elements were never written, first at {unwritten[:3].tolist()}"
 
 
-def output_shape(q, topk: int) -> tuple[int, ...]:
-    """The output a q of this shape gets: ``[B, K]``, or ``[B, N, K]`` for a rank-4 q."""
-    return (q.shape[0], topk) if q.ndim == 3 else (q.shape[0], q.shape[1], topk)
-
-
 def run_dps(args, topk=DEFAULT_K, *, sorted=False, validate=False) -> np.ndarray:
     """``ffi_dsa.call`` into a poisoned torch buffer on the arguments' device; returns host int32
     (``[B, K]``, or ``[B, N, K]`` for a rank-4 q).
@@ -92,7 +88,7 @@ def run_dps(args, topk=DEFAULT_K, *, sorted=False, validate=False) -> np.ndarray
     Checks that every element of the output was written.
     """
     q = args[0]
-    out = poisoned(output_shape(q, topk), q.device)
+    out = poisoned(output_shape(tuple(q.shape), topk), q.device)
     ffi_dsa.call(*args, out, sorted=sorted, validate=validate)
     assert_all_written(out)
     return out.cpu().numpy()
