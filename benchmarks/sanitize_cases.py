@@ -71,6 +71,7 @@ def cases():
     mtp = make_batch([20000, 2050, 1, 0], seed=21, queries=4)  # causal prefixes crossing K, 0 and 1
     mtp.block_table[0, 5] = -1
     yield "N=4, causal, two kernels", mtp, False
+    yield "N=3, 64 heads, causal, two kernels, sorted", make_batch([9000, 2050, 40], seed=25, queries=3), True
     yield "N=2, 32 heads, per-query seq_lens, sorted", make_batch(np.array([[9000, 3000], [0, 2049], [700, 5000]]), seed=22,
                                                                  queries=2, heads=32), True
     lens = np.random.default_rng(23).integers(0, 4097, size=(132, 2))  # one CTA per row, both queries

@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     length[j] = QueryLength(p.seq_lens, row, j, p.qs, p.max_pages);
     const bool needed = ScoresNeeded(length[j], p.topk, p.sorted);
     scored |= uint32_t(needed) << j;
-    written[j] = needed ? (length[j] + 3) / 4 * 4 : 0;
+    written[j] = needed ? static_cast<int32_t>((int64_t(length[j]) + 3) / 4 * 4) : 0;
     pages = max(pages, (written[j] + kPageTokens - 1) / kPageTokens);  // <= key_stride / 64 (host: table width)
   }
   if (scored == 0) {
@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     uint32_t seen = 0;  // the queries that see this page (uniform)
 #pragma unroll
     for (int j = 0; j < kQueries; ++j) seen |= uint32_t(page_t0 < written[j]) << j;
-    const int last = 31 - __clz(seen);  // seen != 0: page i is below some query's end
+    const int last = seen ? 31 - __clz(seen) : -1;  // (seen != 0: page i is below some query's end)
     auto release = [&] {
       MbarArrive(&ring.empty[st]);  // this thread no longer reads the stage
       if (issuer && i + kFusedStages < pages) {
@@ -192,6 +192,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
       }
       __syncwarp();  // converged again for the shuffles below and the next wgmma (.aligned)
     };
+    if (last < 0) release();  // never taken; keeps the stage's arrivals exact if that ever changes
 #pragma unroll
     for (int j = 0; j < kQueries; ++j) {
       if (!((seen >> j) & 1)) continue;

@@ -44,13 +44,20 @@ __device__ __forceinline__ int32_t ScoredPages(int64_t n, int32_t topk, bool sor
   return ScoresNeeded(n, topk, sorted) ? static_cast<int32_t>((n + kPageTokens - 1) / kPageTokens) : 0;
 }
 
-// Pages kernel 1 scores for row b: each page once for all of the row's queries, up to the longest
-// prefix among those that need scores.
+// Pages kernel 1 scores for row b: each page once for all of the row's kQueries queries, up to the
+// longest prefix among those that need scores. ScoresNeeded grows with the length, so the row's
+// longest query decides: with seq_lens [B] (or one query) the last query, which sees seq_lens[b]
+// itself (one load: this runs in every role's prologue and row walk, where a loop over the queries
+// doubled kernel 1's code).
+template <int kQueries>
 __device__ __forceinline__ int32_t RowScoredPages(const int32_t* seq_lens, int64_t b, QueryShape qs, int32_t max_pages,
                                                   int32_t topk, bool sorted) {
-  int32_t pages = 0;
-  for (int j = 0; j < qs.queries; ++j) pages = max(pages, ScoredPages(QueryLength(seq_lens, b, j, qs, max_pages), topk, sorted));
-  return pages;
+  int32_t longest = seq_lens[b * (qs.per_query_lens ? kQueries : 1)];
+  if (kQueries > 1 && qs.per_query_lens) {
+#pragma unroll
+    for (int j = 1; j < kQueries; ++j) longest = max(longest, seq_lens[b * kQueries + j]);
+  }
+  return ScoredPages(ClampLength(longest, max_pages), topk, sorted);
 }
 
 }  // namespace ffi_dsa::sm90

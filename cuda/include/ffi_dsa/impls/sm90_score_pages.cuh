@@ -99,9 +99,10 @@ struct SegmentWalk {
   int64_t seg_row;
   int32_t page_begin, page_end;
 
+  template <int kQueries>
   __device__ bool Next(const ScoreParams& p) {
     while (next < end) {
-      const long long pages = RowScoredPages(p.seq_lens, row, p.qs, p.max_pages, p.topk, p.sorted);
+      const long long pages = RowScoredPages<kQueries>(p.seq_lens, row, p.qs, p.max_pages, p.topk, p.sorted);
       if (next >= row_start + pages) {  // past this row (also skips empty and unscored rows)
         row_start += pages;
         ++row;
@@ -283,7 +284,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   long long first_tile_before = 0, first_tile_total = 0;
   for (int64_t base = 0; base < p.batch; base += kScoreThreads) {
     const int64_t r = base + tid;
-    const int pages = r < p.batch ? RowScoredPages(p.seq_lens, r, p.qs, p.max_pages, p.topk, p.sorted) : 0;
+    const int pages = r < p.batch ? RowScoredPages<kQueries>(p.seq_lens, r, p.qs, p.max_pages, p.topk, p.sorted) : 0;
     long long before, tile_total;
     Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
     if (base == 0) {
@@ -310,7 +311,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     int pages = first_tile_pages;
     long long before = first_tile_before, tile_total = first_tile_total;
     if (base > 0) {
-      pages = r < p.batch ? RowScoredPages(p.seq_lens, r, p.qs, p.max_pages, p.topk, p.sorted) : 0;
+      pages = r < p.batch ? RowScoredPages<kQueries>(p.seq_lens, r, p.qs, p.max_pages, p.topk, p.sorted) : 0;
       Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
     }
     before += carry;
@@ -332,7 +333,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     const bool leader = lane == 0;
     if (pw >= kIssuerWarps) return;
     int segment = 0, i0 = 0;
-    while (walk.Next(p)) {
+    while (walk.Next<kQueries>(p)) {
       const int np = walk.page_end - walk.page_begin;
       if (pw == 0 && leader) LoadSegmentQ(s, q_map, walk.seg_row, segment);
       __syncwarp();
@@ -373,7 +374,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   // 8j + 2 * (lane % 4) + {0, 1} for j < N / 8.
   const int r0 = 16 * warp + lane / 4;
   int segment = 0, i0 = 0;
-  while (walk.Next(p)) {
+  while (walk.Next<kQueries>(p)) {
     const int np = walk.page_end - walk.page_begin;
     const int qb = segment & 1;
     const int first = FirstOwned(i0, wg);
@@ -384,7 +385,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
 #pragma unroll
     for (int j = 0; j < kQueries; ++j) {
       length[j] = QueryLength(p.seq_lens, walk.seg_row, j, p.qs, p.max_pages);
-      written[j] = ScoresNeeded(length[j], p.topk, p.sorted) ? (length[j] + 3) / 4 * 4 : 0;
+      written[j] = ScoresNeeded(length[j], p.topk, p.sorted) ? static_cast<int32_t>((int64_t(length[j]) + 3) / 4 * 4) : 0;
     }
     // The head weights too (HBM round trips on a cold call, like Q: loaded before its wait).
     RowWeights<kHeads, kQueries, kHeldWeights> weights;

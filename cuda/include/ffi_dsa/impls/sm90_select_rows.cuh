@@ -335,8 +335,9 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   const int cluster_size = static_cast<int>(cg::this_cluster().num_blocks());
   const int cluster_rank = static_cast<int>(cg::this_cluster().block_rank());
   const int64_t query_row = blockIdx.x / cluster_size;
-  // (32-bit: a 64-bit division is a long call on the path to the first read)
-  const int64_t row = static_cast<uint32_t>(query_row) / static_cast<uint32_t>(p.qs.queries);  // of the block table
+  // (32-bit, and none for one query: divisions sit on the path to the first read)
+  const int64_t row = p.qs.queries == 1 ? query_row
+                                        : static_cast<uint32_t>(query_row) / static_cast<uint32_t>(p.qs.queries);  // of the block table
   const int query = static_cast<int>(static_cast<uint32_t>(query_row) - static_cast<uint32_t>(row) * p.qs.queries);
   const int tid = threadIdx.x;
   // The next call's first kernel may be placed on the SMs this grid leaves free (it waits for our
