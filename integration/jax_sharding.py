@@ -36,7 +36,8 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-PAGE_TOKENS = 64
+from ..contract import PAGE_TOKENS
+
 # positions of the per-row operands among (q, k_cache, weights, seq_lens, block_table)
 _ROW_ARGS = (0, 2, 3, 4)
 

@@ -17,11 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-import ffi_dsa
 from ffi_dsa.integration import torch_ranks
 from ffi_dsa.workloads import make_batch
 
-from conftest import call_result
+from conftest import assert_same_as_call
 
 REPO = Path(__file__).resolve().parent.parent
 WORLD = 2
@@ -46,8 +45,7 @@ def test_two_ranks_give_the_single_process_bytes(device, tmp_path):
     for i, batch_size in enumerate(BATCH_SIZES):
         batch = make_batch(torch_ranks.batch_lens(batch_size, SEED + i), seed=SEED + i, spare_pages=3)
         ids = got[f"batch{i}"]
-        np.testing.assert_array_equal(ids, call_result(batch, K, device=device))
-        assert ffi_dsa.check_topk(ids, *batch.args()) == []
+        assert_same_as_call(ids, batch, K, device=device)
 
 
 @pytest.mark.parametrize("batch_size", [0, 1, 2, 7, 8, 13])
