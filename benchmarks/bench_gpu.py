@@ -52,6 +52,7 @@ import ffi_dsa  # noqa: E402
 from ffi_dsa.benchmarks.gpu_batches import TorchBatch, make_batch_torch, remap_ids  # noqa: E402
 from ffi_dsa.contract import DEFAULT_TOPK as TOPK  # noqa: E402
 from ffi_dsa.contract import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_TOKENS, TOKEN_BYTES  # noqa: E402
+from ffi_dsa.workloads import MODEL_TABLE_PAGES  # noqa: E402
 MB = 1 << 20
 
 # The production chain measured on an H100 by the peer study, 2026-11-22: DeepGEMM 2.6.1
@@ -78,9 +79,6 @@ def _contest_lengths(rng, batch: int, long_rows: int, long_max: int = 6000) -> n
     return lens
 
 
-WIDE_TABLE_PAGES = 2560
-
-
 def workloads(seed: int = 1234) -> dict[str, dict]:
     rng = np.random.default_rng(seed)
     w = {
@@ -102,7 +100,7 @@ def workloads(seed: int = 1234) -> dict[str, dict]:
     # context, 163840 tokens): the cost must not follow the table's width.
     for name in ("W1", "W3", "W5"):
         w[name + "w"] = {"lens": w[name]["lens"], "desc": w[name]["desc"] + ", table 2560 pages",
-                         "table_pages": WIDE_TABLE_PAGES}
+                         "table_pages": MODEL_TABLE_PAGES}
     for item in w.values():
         item["lens"] = np.asarray(item["lens"], dtype=np.int64)
     return w

@@ -41,9 +41,10 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ffi_dsa  # noqa: E402
-from ffi_dsa.contract import HEAD_DIM, MAX_QUERIES, PAGE_TOKENS, SUPPORTED_HEADS  # noqa: E402
+from ffi_dsa.contract import HEAD_DIM, MAX_QUERIES, PAGE_FP8_BYTES, PAGE_TOKENS, SUPPORTED_HEADS  # noqa: E402
 from ffi_dsa.kv_cache import pack_k_cache, unpack_k_cache  # noqa: E402
 from ffi_dsa.reference import RowScores, row_scores, select_rows, visible_lengths  # noqa: E402
+from ffi_dsa.workloads import MODEL_TABLE_PAGES  # noqa: E402
 
 POOL_PAGES = 4096  # 262K tokens per pool: rows draw distinct pages from it
 EDGE_LENGTHS = [0, 1, 2, 63, 64, 65, 127, 2047, 2048, 2049, 4095, 4097]
@@ -63,11 +64,11 @@ class Pool:
             keys = rng.standard_normal((POOL_PAGES, PAGE_TOKENS, HEAD_DIM), dtype=np.float32)
         self.k_cache = pack_k_cache(keys)
         raw = self.k_cache.view(np.uint8).reshape(POOL_PAGES, -1)
-        scales = raw[:, PAGE_TOKENS * HEAD_DIM:].view("<f4")
+        scales = raw[:, PAGE_FP8_BYTES:].view("<f4")
         if exact:
             scales[:] = 1.0
             fp8 = keys.astype(ml_dtypes.float8_e4m3fn)
-            raw[:, : PAGE_TOKENS * HEAD_DIM] = fp8.view(np.uint8).reshape(POOL_PAGES, -1)
+            raw[:, : PAGE_FP8_BYTES] = fp8.view(np.uint8).reshape(POOL_PAGES, -1)
         else:
             scales[:] = rng.uniform(0.5, 1.5, size=scales.shape).astype(np.float32)
             special = rng.choice(scales.size, size=64, replace=False)  # a few NaN / inf / negative scales
@@ -118,8 +119,8 @@ def draw_table(rng, longest: np.ndarray) -> np.ndarray:
     far wider than the rows."""
     pages = (longest + PAGE_TOKENS - 1) // PAGE_TOKENS
     width = int(max(1, pages.max(initial=0)))
-    if rng.random() < 0.2 and width < 2560:
-        width = int(rng.integers(width, 2561))  # a table sized for the model's longest row
+    if rng.random() < 0.2 and width < MODEL_TABLE_PAGES:
+        width = int(rng.integers(width, MODEL_TABLE_PAGES + 1))  # a table sized for the model's longest row
     table = rng.integers(-3, POOL_PAGES + 3, size=(len(longest), width)).astype(np.int32)  # garbage past lengths
     for b in range(len(longest)):
         table[b, : pages[b]] = rng.choice(POOL_PAGES, size=pages[b], replace=False)

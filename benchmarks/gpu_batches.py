@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ffi_dsa.contract import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_TOKENS, TOKEN_BYTES
+from ffi_dsa.contract import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_FP8_BYTES, PAGE_TOKENS, TOKEN_BYTES
 from ffi_dsa.kv_cache import pack_k_cache
 from ffi_dsa.workloads import page_layout
 
@@ -100,7 +100,7 @@ def make_batch_torch(seq_lens, *, seed: int = 0, device="cuda", max_pages: int |
         n = min(CHUNK_PAGES, num_pages - start)
         keys = torch.randn((n, PAGE_TOKENS, HEAD_DIM), generator=gen, device=device)
         flat[start:start + n] = pack_k_cache(keys).view(torch.uint8).view(n, PAGE_BYTES)
-    scales = flat[:, PAGE_TOKENS * HEAD_DIM:].view(torch.float32)  # [num_pages, 64], a view
+    scales = flat[:, PAGE_FP8_BYTES:].view(torch.float32)  # [num_pages, 64], a view
     scales.uniform_(0.5, 1.5, generator=gen)  # make_batch's default scale_range
 
     rows = (batch,) if queries is None else (batch, queries)

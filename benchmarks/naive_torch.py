@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ffi_dsa.contract import DEFAULT_TOPK, HEAD_DIM, PAGE_TOKENS
+from ffi_dsa.contract import DEFAULT_TOPK, HEAD_DIM, PAGE_FP8_BYTES, PAGE_TOKENS
 from ffi_dsa.reference import visible_lengths
 
 
@@ -24,8 +24,8 @@ def naive_topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = D
     batch, max_pages = block_table.shape
     num_pages = k_cache.shape[0]
     pages = k_cache.view(torch.uint8).reshape(num_pages, -1)
-    fp8 = pages[:, : PAGE_TOKENS * HEAD_DIM].view(torch.float8_e4m3fn).reshape(num_pages, PAGE_TOKENS, HEAD_DIM)
-    scale = pages[:, PAGE_TOKENS * HEAD_DIM :].contiguous().view(torch.float32)          # [P, 64]
+    fp8 = pages[:, : PAGE_FP8_BYTES].view(torch.float8_e4m3fn).reshape(num_pages, PAGE_TOKENS, HEAD_DIM)
+    scale = pages[:, PAGE_FP8_BYTES :].contiguous().view(torch.float32)          # [P, 64]
     table = block_table.long().clamp(0, max(num_pages - 1, 0))
     keys = fp8[table].float() * scale[table][..., None]                                  # [B, M, 64, 128]
     keys = keys.reshape(batch, max_pages * PAGE_TOKENS, HEAD_DIM)

@@ -82,11 +82,11 @@ def named_argument_error(err: Exception, args) -> Exception:
 
 
 def as_dlpack_ready(x, name: str, fp8_ok: bool = False, output: bool = False):
-    """`x` checked (check_tensor) and in a form DLPack can export. numpy float8 arrays cannot be
-    exported: the one fp8 argument (q_index_fp8, float8_e4m3fn) travels as a uint8 view of the same
-    bytes; any other float8 (another fp8 format, or fp8 where the op wants something else) is a
-    dtype error."""
-    check_tensor(x, name)
+    """`x` in a form DLPack can export (anything else passes through: the native call rejects it
+    and named_argument_error names it). numpy float8 arrays cannot be exported: the one fp8
+    argument (q_index_fp8, float8_e4m3fn) travels as a uint8 view of the same bytes; any other
+    float8 (another fp8 format, or fp8 where the op wants something else) is a dtype error. A JAX
+    output is refused here: DLPack would let the kernel write into an immutable array."""
     if output and framework(x) == "jax":
         raise TypeError(f"{name} is a JAX array, which is immutable: call ffi_dsa.topk_indexer (it returns a new "
                         "JAX array) instead of writing into one")

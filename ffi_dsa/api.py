@@ -25,18 +25,27 @@ def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool 
     ``validate=True`` also checks page ids and lengths on the host (a device-to-host copy for
     CUDA inputs) and raises instead of masking them.
     """
-    # every argument is checked (and named when wrong) before the device is read off q
-    ready = (
-        _arrays.as_dlpack_ready(q, "q_index_fp8", fp8_ok=True),
-        _arrays.as_dlpack_ready(k_cache, "k_index_cache_fp8"),
-        _arrays.as_dlpack_ready(weights, "weights"),
-        _arrays.as_dlpack_ready(seq_lens, "seq_lens"),
-        _arrays.as_dlpack_ready(block_table, "block_table"),
-        _arrays.as_dlpack_ready(topk_indices, "topk_indices", output=True),
-    )
-    if validate:
-        validate_pages(k_cache, seq_lens, block_table)
-    _ffi_api.topk_indexer_for(_arrays.device_type(q))(*ready, bool(sorted))
+    args = (q, k_cache, weights, seq_lens, block_table, topk_indices)
+    # The C++ check (and tvm-ffi's conversion) rejects whatever is wrong; which argument is no
+    # tensor at all is worked out only then (named_argument_error), off the per-call path.
+    try:
+        ready = (
+            _arrays.as_dlpack_ready(q, "q_index_fp8", fp8_ok=True),
+            _arrays.as_dlpack_ready(k_cache, "k_index_cache_fp8"),
+            _arrays.as_dlpack_ready(weights, "weights"),
+            _arrays.as_dlpack_ready(seq_lens, "seq_lens"),
+            _arrays.as_dlpack_ready(block_table, "block_table"),
+            _arrays.as_dlpack_ready(topk_indices, "topk_indices", output=True),
+        )
+        if validate:
+            validate_pages(k_cache, seq_lens, block_table)
+        kernel = _ffi_api.topk_indexer_for(_arrays.device_type(q))
+    except (TypeError, ValueError, AttributeError, RuntimeError, BufferError) as err:
+        raise _arrays.named_argument_error(err, args) from None
+    try:
+        kernel(*ready, bool(sorted))
+    except (TypeError, ValueError, RuntimeError, BufferError) as err:
+        raise _arrays.named_argument_error(err, args) from None
 
 
 def checked_topk(topk) -> int:

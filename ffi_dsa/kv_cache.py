@@ -5,7 +5,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from .contract import HEAD_DIM, PAGE_TOKENS, TOKEN_BYTES
+from .contract import HEAD_DIM, PAGE_BYTES, PAGE_FP8_BYTES, PAGE_TOKENS, TOKEN_BYTES
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
@@ -26,9 +26,9 @@ def pack_k_cache(k):
     amax = np.abs(k).max(axis=-1)
     scale = np.where(amax > 0, amax / FP8_MAX, 1.0).astype(np.float32)
     fp8 = (k / scale[..., None]).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
-    page = np.empty((num_pages, PAGE_TOKENS * TOKEN_BYTES), dtype=np.uint8)
-    page[:, : PAGE_TOKENS * HEAD_DIM] = fp8.reshape(num_pages, -1)
-    page[:, PAGE_TOKENS * HEAD_DIM :] = scale.astype("<f4").view(np.uint8).reshape(num_pages, -1)
+    page = np.empty((num_pages, PAGE_BYTES), dtype=np.uint8)
+    page[:, : PAGE_FP8_BYTES] = fp8.reshape(num_pages, -1)
+    page[:, PAGE_FP8_BYTES :] = scale.astype("<f4").view(np.uint8).reshape(num_pages, -1)
     return page.view(np.int8).reshape(num_pages, PAGE_TOKENS, 1, TOKEN_BYTES)
 
 
@@ -43,9 +43,9 @@ def _pack_torch(k):
     # can land one ulp away from numpy's quotient (seen on an H100)
     scale = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
     fp8 = (k / scale[..., None]).to(torch.float8_e4m3fn).view(torch.uint8)
-    page = torch.empty((num_pages, PAGE_TOKENS * TOKEN_BYTES), dtype=torch.uint8, device=k.device)
-    page[:, : PAGE_TOKENS * HEAD_DIM] = fp8.reshape(num_pages, -1)
-    page[:, PAGE_TOKENS * HEAD_DIM :] = scale.contiguous().view(torch.uint8).reshape(num_pages, -1)
+    page = torch.empty((num_pages, PAGE_BYTES), dtype=torch.uint8, device=k.device)
+    page[:, : PAGE_FP8_BYTES] = fp8.reshape(num_pages, -1)
+    page[:, PAGE_FP8_BYTES :] = scale.contiguous().view(torch.uint8).reshape(num_pages, -1)
     return page.view(torch.int8).reshape(num_pages, PAGE_TOKENS, 1, TOKEN_BYTES)
 
 
@@ -59,8 +59,8 @@ def unpack_k_cache(k_cache) -> tuple[np.ndarray, np.ndarray]:
     """Packed cache -> (fp8 values as float64 ``[num_pages, 64, 128]``, scales ``[num_pages, 64]``)."""
     from ._arrays import to_numpy
 
-    raw = np.ascontiguousarray(to_numpy(k_cache)).view(np.uint8).reshape(-1, PAGE_TOKENS * TOKEN_BYTES)
+    raw = np.ascontiguousarray(to_numpy(k_cache)).view(np.uint8).reshape(-1, PAGE_BYTES)
     num_pages = raw.shape[0]
-    fp8 = raw[:, : PAGE_TOKENS * HEAD_DIM].view(ml_dtypes.float8_e4m3fn).astype(np.float64)
-    scale = raw[:, PAGE_TOKENS * HEAD_DIM :].copy().view("<f4").astype(np.float64)
+    fp8 = raw[:, : PAGE_FP8_BYTES].view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    scale = raw[:, PAGE_FP8_BYTES :].copy().view("<f4").astype(np.float64)
     return fp8.reshape(num_pages, PAGE_TOKENS, HEAD_DIM), scale.reshape(num_pages, PAGE_TOKENS)

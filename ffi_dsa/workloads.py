@@ -13,8 +13,13 @@ import ml_dtypes
 import numpy as np
 
 from ._arrays import output_shape
-from .contract import HEAD_DIM, NUM_HEADS, PAGE_TOKENS
+from .contract import HEAD_DIM, NUM_HEADS, PAGE_FP8_BYTES, PAGE_TOKENS
 from .kv_cache import pack_k_cache
+
+
+# Block-table width serving engines allocate for the model's longest context (163840 tokens): the
+# benchmarks' and the fuzz script's wide tables.
+MODEL_TABLE_PAGES = 163840 // PAGE_TOKENS
 
 
 @dataclass
@@ -83,7 +88,7 @@ def make_batch(seq_lens, *, seed: int = 0, spare_pages: int = 0, max_pages: int 
     keys = rng.standard_normal((num_pages, PAGE_TOKENS, HEAD_DIM), dtype=np.float32)
     k_cache = pack_k_cache(keys)
     if scale_range is not None:  # spread the per-token scales too, not only amax/448
-        scales = k_cache.view(np.uint8).reshape(num_pages, -1)[:, PAGE_TOKENS * HEAD_DIM:].view("<f4")
+        scales = k_cache.view(np.uint8).reshape(num_pages, -1)[:, PAGE_FP8_BYTES:].view("<f4")
         scales[:] = rng.uniform(*scale_range, size=scales.shape).astype(np.float32)
 
     query_dims = (len(seq_lens),) if queries is None else (len(seq_lens), queries)

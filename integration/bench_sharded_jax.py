@@ -25,28 +25,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from ffi_dsa.contract import DEFAULT_TOPK, HEAD_DIM as DIM, NUM_HEADS as HEADS, PAGE_TOKENS, TOKEN_BYTES
+from ffi_dsa.contract import DEFAULT_TOPK
 from ffi_dsa.integration.jax_ffi import topk_indexer
+from ffi_dsa.workloads import make_batch
 COLLECTIVE = re.compile(r"\b(all-gather|all-to-all|collective-permute|all-reduce|reduce-scatter)\b")
 
 
-def fp8_bytes(rng, shape) -> np.ndarray:
-    """Random e4m3fn bytes that are never NaN (0x7F/0xFF): magnitude 0..0x7E, random sign."""
-    return (rng.integers(0, 0x7F, size=shape, dtype=np.uint8) | (rng.integers(0, 2, size=shape, dtype=np.uint8) << 7))
-
-
 def decode_batch(batch: int, context: int, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    pages_per_row = -(-context // PAGE_TOKENS)
-    num_pages = batch * pages_per_row
-    pages = np.empty((num_pages, PAGE_TOKENS * TOKEN_BYTES), np.uint8)
-    pages[:, :PAGE_TOKENS * DIM] = fp8_bytes(rng, (num_pages, PAGE_TOKENS * DIM))
-    pages[:, PAGE_TOKENS * DIM:] = np.ones((num_pages, PAGE_TOKENS), "<f4").view(np.uint8)
-    return (jnp.asarray(fp8_bytes(rng, (batch, HEADS, DIM))).view(jnp.float8_e4m3fn),
-            jnp.asarray(pages.view(np.int8).reshape(num_pages, PAGE_TOKENS, 1, TOKEN_BYTES)),
-            jnp.asarray(rng.uniform(-1, 1, (batch, HEADS)).astype(np.float32)),
-            jnp.full((batch,), context, jnp.int32),
-            jnp.asarray(rng.permutation(num_pages).astype(np.int32).reshape(batch, pages_per_row)))
+    """`batch` rows of `context` tokens (ffi_dsa.workloads.make_batch), as JAX arrays."""
+    b = make_batch(np.full(batch, context), seed=seed)
+    return (jnp.asarray(b.q).view(jnp.float8_e4m3fn), jnp.asarray(b.k_cache), jnp.asarray(b.weights),
+            jnp.asarray(b.seq_lens), jnp.asarray(b.block_table))
 
 
 def time_layout(devices, args, topk: int, calls: int, repeats: int) -> tuple[float, list[str]]:

@@ -30,13 +30,12 @@ import jax_tvm_ffi
 import tvm_ffi
 
 from .. import _ffi_api
-from .._arrays import output_shape
+from .._arrays import ARG_NAMES, output_shape
 from ..api import checked_topk
 from ..contract import DEFAULT_TOPK
 from .jax_sharding import batch_partitioned
 
 TARGET = "ffi_dsa_topk_indexer"
-_ARG_NAMES = ("q_index_fp8", "k_index_cache_fp8", "weights", "seq_lens", "block_table")
 
 _registered: set[str] = set()
 _lock = threading.Lock()
@@ -89,7 +88,7 @@ def check_shapes(shapes: tuple, dtypes: tuple, topk: int) -> None:
     """Run the kernel's own C++ argument checks on shapes and dtypes (cached for valid inputs)."""
     checked_topk(topk)  # not a tensor shape yet, so C++ cannot see it
     args = []
-    for name, shape, dtype in zip(_ARG_NAMES, shapes, dtypes):
+    for name, shape, dtype in zip(ARG_NAMES, shapes, dtypes):  # (the inputs: zip stops before the output)
         args += [shape, _dtype_arg(name, dtype)]
     _ffi_api.cpu_module()["check_shapes"](*args, output_shape(shapes[0], topk), tvm_ffi.dtype("int32"))
 

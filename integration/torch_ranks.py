@@ -36,7 +36,6 @@ except ImportError:  # run as a script from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import ffi_dsa
 
-from ffi_dsa import _ffi_api
 from ffi_dsa.integration import torch_op  # noqa: F401  (registers torch.ops.dsa.*)
 from ffi_dsa.contract import DEFAULT_TOPK, NUM_HEADS
 from ffi_dsa.workloads import make_batch
@@ -113,9 +112,6 @@ def single_process(batch_size: int, seed: int, topk: int, device="cpu", queries:
 def run(world: int, device_type: str, batch_sizes, seed: int, topk: int, out_path: str,
         queries: int | None = None, heads: int = NUM_HEADS) -> None:
     """Spawn `world` ranks; rank 0 writes every batch size's gathered ids to `out_path` (.npz)."""
-    # Build (or load) the native module here, once: ranks that start together on a fresh cache
-    # would otherwise all run the same build in the same folder.
-    _ffi_api.topk_indexer_for(device_type)
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(run_rank, args=(world, str(Path(tmp) / "init"), device_type, tuple(batch_sizes), seed, topk,
                                  out_path, queries, heads), nprocs=world, join=True)

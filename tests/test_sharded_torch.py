@@ -17,11 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-import ffi_dsa
 from ffi_dsa.contract import NUM_HEADS, NUM_HEADS_NARROW
 from ffi_dsa.integration import torch_ranks
 
-from mtp_batches import call_result_mtp
+from conftest import assert_same_as_call
 
 REPO = Path(__file__).resolve().parent.parent
 WORLD = 2
@@ -55,8 +54,7 @@ def test_two_ranks_give_the_single_process_bytes(device, form, tmp_path):
         batch = torch_ranks.rank_batch(batch_size, SEED + i, queries, heads)
         ids = got[f"batch{i}"]
         assert ids.shape == batch.output_shape(K)
-        np.testing.assert_array_equal(ids, call_result_mtp(batch, K, device=device))
-        assert ffi_dsa.check_topk(ids, *batch.args()) == []
+        assert_same_as_call(ids, batch, K, device=device)
 
 
 @pytest.mark.parametrize("batch_size", [0, 1, 2, 7, 8, 13])

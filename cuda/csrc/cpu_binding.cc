@@ -62,8 +62,9 @@ String SetCpuKernel(String name) {
   if (requested != "auto") {
     const auto kernel = cpu::ParseCpuKernel(requested);
     if (!kernel) {
-      TVM_FFI_THROW(ValueError) << "unknown CPU kernel '" << requested
-                                << "': expected auto, scalar, avx2, avx512 or avx512bf16";
+      std::string expected = "auto";
+      for (const char* known : cpu::kCpuKernelNames) expected += std::string(", ") + known;
+      TVM_FFI_THROW(ValueError) << "unknown CPU kernel '" << requested << "': expected one of " << expected;
     }
     if (!cpu::CpuKernelSupported(*kernel)) {
       TVM_FFI_THROW(ValueError) << "CPU kernel '" << requested << "' needs instructions this CPU lacks";
@@ -85,7 +86,8 @@ Array<String> CpuKernels() {
 // Threads of later calls; 0 returns to FFI_DSA_NUM_THREADS or every core.
 void SetCpuThreads(int64_t threads) {
   if (threads < 0) TVM_FFI_THROW(ValueError) << "threads must be >= 0, got " << threads;
-  cpu::RequestedCpuThreads().store(static_cast<int>(std::min<int64_t>(threads, cpu::kMaxCpuThreads)));
+  // (capped by ThreadCount, with FFI_DSA_NUM_THREADS; the int conversion must not wrap first)
+  cpu::RequestedCpuThreads().store(static_cast<int>(std::min<int64_t>(threads, INT32_MAX)));
 }
 
 }  // namespace

@@ -26,14 +26,14 @@ inline std::atomic<int>& RequestedCpuThreads() {
 }
 
 // Threads: set_cpu_threads if set, else FFI_DSA_NUM_THREADS if set (read on every call), else every
-// core; small calls stay on the caller's thread because starting a thread costs more than scoring
-// a few pages.
+// core, at most kMaxCpuThreads whichever it is; small calls stay on the caller's thread because
+// starting a thread costs more than scoring a few pages.
 inline int ThreadCount(int64_t total_pages) {
   constexpr int64_t kPagesPerThreadMin = 64;
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   if (const char* env = std::getenv("FFI_DSA_NUM_THREADS")) threads = std::atoi(env);
   if (const int requested = RequestedCpuThreads().load(std::memory_order_relaxed); requested > 0) threads = requested;
-  threads = std::max(1, threads);
+  threads = std::clamp(threads, 1, kMaxCpuThreads);
   return static_cast<int>(std::min<int64_t>(threads, std::max<int64_t>(1, total_pages / kPagesPerThreadMin)));
 }
 
