@@ -101,17 +101,22 @@ def assert_valid_topk(out, batch_or_args, *, sorted=False):
     assert problems == [], "\n".join(problems[:10])
 
 
-def call_result(batch: Batch, topk=DEFAULT_K, *, sorted=False, device="cpu") -> np.ndarray:
+def call_result(batch: Batch, topk=DEFAULT_K, *, sorted=False, device="cpu", shape=None) -> np.ndarray:
     """``ffi_dsa.call`` on the batch's inputs on `device` ("cpu": numpy, "cuda": torch tensors), into a
-    poisoned buffer: the bytes every other caller (torch op, JAX, TVM) must reproduce on that device.
-    Across devices the contract promises only the tolerance rule (FP8 tensor cores add differently)."""
+    poisoned buffer of `shape` (default ``batch.output_shape``; ``[B * N, K]`` is the other accepted
+    form), checked to be fully written: the bytes every other caller (torch op, JAX, TVM) must
+    reproduce on that device. Across devices the contract promises only the tolerance rule (FP8
+    tensor cores add differently)."""
+    shape = batch.output_shape(topk) if shape is None else shape
     if device == "cpu":
-        out = poisoned_np(batch.output_shape(topk))
+        out = poisoned_np(shape)
         ffi_dsa.call(*batch.args(), out, sorted=sorted)
-        return out
-    out = poisoned(batch.output_shape(topk), device)
-    ffi_dsa.call(*batch.to_torch(device), out, sorted=sorted)
-    return out.cpu().numpy()
+    else:
+        out = poisoned(shape, device)
+        ffi_dsa.call(*batch.to_torch(device), out, sorted=sorted)
+        out = out.cpu().numpy()
+    assert_all_written(out)
+    return out
 
 
 def assert_same_as_call(got: np.ndarray, batch: Batch, topk=DEFAULT_K, *, sorted=False, device="cpu") -> None:
@@ -122,17 +127,20 @@ def assert_same_as_call(got: np.ndarray, batch: Batch, topk=DEFAULT_K, *, sorted
     assert ffi_dsa.check_topk(got, *batch.args(), sorted=sorted) == []
 
 
-def assert_exact(out, batch: Batch, topk=DEFAULT_K, *, sorted=False):
-    """Byte-exact agreement with the float64 reference (only meaningful on exact-score data)."""
+def assert_exact(out, batch: Batch, topk=DEFAULT_K, *, sorted=False, name=""):
+    """Byte-exact agreement with the float64 reference (only meaningful on exact-score data), in the
+    output shape of the batch's q; `out` may be numpy, torch (any device) or JAX; `name` prefixes
+    the failure message."""
     expected = ffi_dsa.reference(*batch.args(), topk=topk, sorted=sorted)
-    out = np.asarray(out)
-    assert out.dtype == np.int32 and out.shape == expected.shape
+    out = out.cpu().numpy() if isinstance(out, torch.Tensor) else np.asarray(out)
+    assert out.dtype == np.int32, f"{name}: dtype {out.dtype}"
+    assert out.shape == expected.shape, f"{name}: shape {out.shape}, expected {expected.shape}"
     if not np.array_equal(out, expected):
         out, expected = out.reshape(-1, topk), expected.reshape(-1, topk)  # one row per query row
         rows = np.nonzero((out != expected).any(axis=1))[0]
         b = int(rows[0])
         col = int(np.argmax(out[b] != expected[b]))
-        raise AssertionError(f"rows {rows.tolist()[:8]} differ from the reference; row {b} first differs at "
+        raise AssertionError(f"{name}: rows {rows.tolist()[:8]} differ from the reference; row {b} first differs at "
                              f"column {col}: got {out[b, col:col + 6].tolist()}, "
                              f"expected {expected[b, col:col + 6].tolist()}")
 

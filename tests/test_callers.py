@@ -25,7 +25,7 @@ from conftest import (
     poisoned_np,
     run_dps,
 )
-from mtp_batches import FORMS, Form, assert_exact_mtp, mtp_batch, query_rows_shape
+from mtp_batches import FORMS, Form, mtp_batch, query_rows_shape
 
 
 def _numpy_forms(batch):
@@ -211,7 +211,7 @@ def test_mtp_numpy_and_torch_forms_agree_with_the_reference(device, form):
             ffi_dsa.call(*args, out)
             assert_all_written(out)
             got = out.cpu().numpy() if isinstance(out, torch.Tensor) else out
-            assert_exact_mtp(got.reshape(batch.output_shape(DEFAULT_K)), batch, DEFAULT_K, name=f"{name} {shape}")
+            assert_exact(got.reshape(batch.output_shape(DEFAULT_K)), batch, DEFAULT_K, name=f"{name} {shape}")
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -227,7 +227,7 @@ def test_topk_indexer_allocates_the_mtp_output(device, form):
             out = ffi_dsa.topk_indexer(*args, topk=100, sorted=sorted_)
             assert isinstance(out, torch.Tensor if name == "torch" else np.ndarray), name
             assert tuple(out.shape) == batch.output_shape(100), name
-            assert_exact_mtp(out, batch, 100, sorted=sorted_, name=name)
+            assert_exact(out, batch, 100, sorted=sorted_, name=name)
 
 
 def test_mtp_validate_accepts_both_seq_lens_forms():
@@ -236,4 +236,4 @@ def test_mtp_validate_accepts_both_seq_lens_forms():
         batch = mtp_batch(form, seed=82)
         out = poisoned_np(batch.output_shape(32))
         ffi_dsa.call(*batch.args(), out, validate=True)
-        assert_exact_mtp(out, batch, 32, name=form.id)
+        assert_exact(out, batch, 32, name=form.id)

@@ -21,8 +21,8 @@ from ffi_dsa.contract import MAX_QUERIES, NUM_HEADS, NUM_HEADS_NARROW  # noqa: E
 from ffi_dsa.integration import jax_ffi  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
 
-from conftest import assert_same_as_call, call_result  # noqa: E402
-from mtp_batches import FORMS, Form, assert_exact_mtp, call_result_mtp, mtp_batch  # noqa: E402
+from conftest import assert_exact, assert_same_as_call, call_result  # noqa: E402
+from mtp_batches import FORMS, Form, mtp_batch  # noqa: E402
 
 
 def _jax_gpu():
@@ -182,7 +182,7 @@ def test_shape_check_is_the_cpp_one():
 # ---- several query tokens per row (MTP) and 32 heads: docs/contract.md §7 ---------------------
 
 def torch_platform_result(batch, platform, topk=K, sorted=False):
-    return call_result_mtp(batch, topk, sorted=sorted, device=torch_device(platform))
+    return call_result(batch, topk, sorted=sorted, device=torch_device(platform))
 
 
 @pytest.mark.parametrize("sorted_", [False, True])
@@ -196,14 +196,14 @@ def test_mtp_eager_and_jit(platform, form, sorted_):
                       ("jit", jitted(*args, topk=K, sorted=sorted_))):
         assert got.shape == batch.output_shape(K), name
         np.testing.assert_array_equal(np.asarray(got), torch_platform_result(batch, platform, sorted=sorted_))
-        assert_exact_mtp(got, batch, K, sorted=sorted_, name=name)
+        assert_exact(got, batch, K, sorted=sorted_, name=name)
 
 
 def test_mtp_weights_as_query_rows(platform):
     """weights [B * N, H] hold the bytes of [B, N, H]: the same result."""
     batch = mtp_batch(Form(2, NUM_HEADS_NARROW), seed=51)
     q, k, w, s, bt = on(platform, batch)
-    assert_exact_mtp(jitted(q, k, w.reshape(-1, w.shape[-1]), s, bt, topk=K), batch, K)
+    assert_exact(jitted(q, k, w.reshape(-1, w.shape[-1]), s, bt, topk=K), batch, K)
 
 
 @pytest.mark.parametrize("form", [Form(2, NUM_HEADS), Form(MAX_QUERIES, NUM_HEADS_NARROW, per_query_lens=True)],
@@ -224,7 +224,7 @@ def test_mtp_vmap_with_shared_cache_folds_into_the_batch(platform, form, weights
     got = np.asarray(fn(qs, ws, ss, bts))
     assert got.shape == (2, *batch.output_shape(K))
     want = torch_platform_result(batch, platform)
-    assert_exact_mtp(got[0], batch, K)
+    assert_exact(got[0], batch, K)
     np.testing.assert_array_equal(got[0], want)
     np.testing.assert_array_equal(got[1], want[::-1])
 
@@ -234,8 +234,8 @@ def test_mtp_vmap_with_batched_cache_runs_each_element(platform):
     stacked = [jnp.stack(pair) for pair in zip(on(platform, a), on(platform, b))]
     fn = jax.jit(jax.vmap(lambda *x: jax_ffi.topk_indexer(*x, topk=K)))
     got = np.asarray(fn(*stacked))
-    assert_exact_mtp(got[0], a, K)
-    assert_exact_mtp(got[1], b, K)
+    assert_exact(got[0], a, K)
+    assert_exact(got[1], b, K)
 
 
 def test_mtp_empty_batch(platform):

@@ -17,8 +17,8 @@ from ffi_dsa.contract import MAX_QUERIES, NUM_HEADS, NUM_HEADS_NARROW
 from ffi_dsa.integration import torch_op
 from ffi_dsa.workloads import make_batch
 
-from conftest import SENTINEL, assert_same_as_call, call_result
-from mtp_batches import FORMS, Form, assert_exact_mtp, call_result_mtp, mtp_batch, query_rows_shape
+from conftest import SENTINEL, assert_exact, assert_same_as_call, call_result
+from mtp_batches import FORMS, Form, mtp_batch, query_rows_shape
 from mtp_batches import LENS as MTP_LENS
 
 # inductor itself calls the deprecated torch.jit.script_method in torch 2.13
@@ -261,7 +261,7 @@ def test_mtp_functional_and_out_forms(device, form, sorted_):
     args = batch.to_torch(device)
     got = torch.ops.dsa.topk_indexer(*args, topk=K, sorted=sorted_)
     assert got.device == args[0].device and tuple(got.shape) == batch.output_shape(K)
-    assert_exact_mtp(got, batch, K, sorted=sorted_, name="torch.ops.dsa.topk_indexer")
+    assert_exact(got, batch, K, sorted=sorted_, name="torch.ops.dsa.topk_indexer")
     for shape in {batch.output_shape(K), query_rows_shape(batch, K)}:
         out = torch.full(shape, SENTINEL, dtype=torch.int32, device=device)
         assert torch.ops.dsa.topk_indexer_out(*args, out, sorted=sorted_) is None
@@ -273,7 +273,7 @@ def test_mtp_weights_and_output_as_query_rows(device):
     batch = mtp_batch(Form(2, NUM_HEADS), seed=22)
     q, k, w, s, bt = batch.to_torch(device)
     got = torch.ops.dsa.topk_indexer(q, k, w.reshape(-1, w.shape[-1]), s, bt, topk=K)
-    assert_exact_mtp(got, batch, K)
+    assert_exact(got, batch, K)
 
 
 def test_mtp_rank3_output_for_several_queries_is_refused(device):
@@ -324,8 +324,8 @@ def test_compile_mtp_dynamic_batch(device, backend):
         batch = mtp_batch(Form(2, NUM_HEADS, per_query_lens=True), lens, seed=seed)
         out = torch.full(batch.output_shape(K), SENTINEL, dtype=torch.int32, device=device)
         idx, count = compiled(*batch.to_torch(device), out)
-        assert_exact_mtp(idx, batch, K, name="compiled functional")
-        assert_exact_mtp(out, batch, K, sorted=True, name="compiled out variant")
+        assert_exact(idx, batch, K, name="compiled functional")
+        assert_exact(out, batch, K, sorted=True, name="compiled out variant")
         torch.testing.assert_close(count.cpu(), (idx >= 0).sum(dim=-1).cpu())
     assert dict(dynamo_utils.counters["graph_break"]) == {}
     assert dynamo_utils.counters["stats"]["unique_graphs"] == 1, "the second batch recompiled"
@@ -353,8 +353,8 @@ def test_compile_dynamic_n(device):
         batch = mtp_batch(form, lens, seed=seed)
         out = torch.full(batch.output_shape(K), SENTINEL, dtype=torch.int32, device=device)
         idx, _ = compiled(*batch.to_torch(device), out)
-        assert_exact_mtp(idx, batch, K, name=form.id)
-        assert_exact_mtp(out, batch, K, sorted=True, name=form.id)
+        assert_exact(idx, batch, K, name=form.id)
+        assert_exact(out, batch, K, sorted=True, name=form.id)
         assert dynamo_utils.counters["stats"]["unique_graphs"] == graphs, form.id
     assert dict(dynamo_utils.counters["graph_break"]) == {}
 
@@ -382,8 +382,8 @@ def test_cuda_graph_capture_and_replay_mtp():
         out.fill_(SENTINEL)
         graph.replay()
         torch.cuda.synchronize()
-        assert_exact_mtp(out.view(other.output_shape(K)), other, K, name="replayed out variant")
-        assert_exact_mtp(functional, other, K, sorted=True, name="replayed functional")
+        assert_exact(out.view(other.output_shape(K)), other, K, name="replayed out variant")
+        assert_exact(functional, other, K, sorted=True, name="replayed functional")
 
 
 def _jax_results(batch, topk, sorted_, device):
@@ -431,12 +431,12 @@ def test_all_callers_agree_on_mtp_batches(device, form, sorted_):
     and those of ffi_dsa.reference (exact data). ffi_dsa.topk_indexer: test_callers.py."""
     batch = mtp_batch(form, seed=40)
     args = batch.to_torch(device)
-    results = {"ffi_dsa.call (torch)": call_result_mtp(batch, K, sorted=sorted_, device=device),
-               "ffi_dsa.call (torch, [B * N, K])": call_result_mtp(
+    results = {"ffi_dsa.call (torch)": call_result(batch, K, sorted=sorted_, device=device),
+               "ffi_dsa.call (torch, [B * N, K])": call_result(
                    batch, K, sorted=sorted_, device=device, shape=query_rows_shape(batch, K)).reshape(
                        batch.output_shape(K))}
     if device == "cpu":
-        results["ffi_dsa.call (numpy)"] = call_result_mtp(batch, K, sorted=sorted_)
+        results["ffi_dsa.call (numpy)"] = call_result(batch, K, sorted=sorted_)
     results["torch.ops.dsa.topk_indexer"] = torch.ops.dsa.topk_indexer(*args, topk=K, sorted=sorted_)
     out = torch.full(batch.output_shape(K), SENTINEL, dtype=torch.int32, device=device)
     torch.ops.dsa.topk_indexer_out(*args, out, sorted=sorted_)
@@ -448,4 +448,4 @@ def test_all_callers_agree_on_mtp_batches(device, form, sorted_):
     results.update(_jax_results(batch, K, sorted_, device))
     results.update(_tvm_results(batch, K, sorted_, device))
     for name, got in results.items():
-        assert_exact_mtp(got, batch, K, sorted=sorted_, name=name)
+        assert_exact(got, batch, K, sorted=sorted_, name=name)

@@ -15,8 +15,8 @@ from ffi_dsa.contract import NUM_HEADS
 from ffi_dsa.integration import tvm_relax
 from ffi_dsa.workloads import make_batch
 
-from conftest import CUDA, SENTINEL, assert_same_as_call
-from mtp_batches import FORMS, Form, assert_exact_mtp, call_result_mtp, mtp_batch, query_rows_shape
+from conftest import CUDA, SENTINEL, assert_exact, assert_same_as_call, call_result
+from mtp_batches import FORMS, Form, mtp_batch, query_rows_shape
 
 try:
     import ml_dtypes
@@ -136,7 +136,7 @@ def test_global_funcs_take_the_mtp_forms(form):
     for shape in (batch.output_shape(K), query_rows_shape(batch, K)):
         out = np.full(shape, SENTINEL, np.int32)
         assert fn(*batch.args(), out) is None
-        assert_exact_mtp(out.reshape(batch.output_shape(K)), batch, K, name=str(shape))
+        assert_exact(out.reshape(batch.output_shape(K)), batch, K, name=str(shape))
 
 
 @needs_tvm
@@ -152,8 +152,8 @@ def test_relax_mtp(device_name, sorted_):
         batch = mtp_batch(form, seed=61 + seed)
         for q_fp8 in (True, False):
             got = vm["main"](*_tvm_args(batch, device, q_fp8)).numpy()
-            assert_exact_mtp(got, batch, K, sorted=sorted_, name=form.id)
-            np.testing.assert_array_equal(got, call_result_mtp(batch, K, sorted=sorted_, device=device_name))
+            assert_exact(got, batch, K, sorted=sorted_, name=form.id)
+            np.testing.assert_array_equal(got, call_result(batch, K, sorted=sorted_, device=device_name))
 
 
 @needs_tvm

@@ -33,8 +33,8 @@ from ffi_dsa.contract import MAX_QUERIES, NUM_HEADS, NUM_HEADS_NARROW  # noqa: E
 from ffi_dsa.integration import jax_ffi, jax_sharding  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
 
-from conftest import call_result  # noqa: E402
-from mtp_batches import Form, assert_exact_mtp, mtp_batch  # noqa: E402
+from conftest import assert_exact, call_result  # noqa: E402
+from mtp_batches import Form, mtp_batch  # noqa: E402
 
 DEVICES = 4
 K = 16
@@ -349,7 +349,7 @@ class TestFourDevices:
         assert local_calls(text) == [f"s32[2,{form.queries},{K}]"]
         got = jitted(*args, topk=K)
         assert got.sharding.spec[0] == "x"
-        assert_exact_mtp(got, batch, K)
+        assert_exact(got, batch, K)
 
     def test_mtp_weights_as_query_rows_run_whole(self):
         """weights [B * N, H] have no B dimension: the call runs whole on every device (correct bytes,
@@ -361,7 +361,7 @@ class TestFourDevices:
                    batch_specs())
         text = jitted.lower(*args, topk=K).compile().as_text()
         assert local_calls(text) == [f"s32[8,{MTP_FORMS[0].queries},{K}]"]
-        assert_exact_mtp(jitted(*args, topk=K), batch, K)
+        assert_exact(jitted(*args, topk=K), batch, K)
 
     @pytest.mark.parametrize("form", MTP_FORMS, ids=lambda f: f.id)
     def test_mtp_b_not_divisible(self, form):
@@ -373,7 +373,7 @@ class TestFourDevices:
         for w in (weights, weights.reshape(-1, weights.shape[-1])):
             padded = jax_sharding.pad_rows(q, w, seq_lens, block_table, DEVICES)
             got = np.asarray(jitted(padded[0], k_cache, *padded[1:], topk=K))
-            assert_exact_mtp(got[:6], batch, K)
+            assert_exact(got[:6], batch, K)
             assert (got[6:] == -1).all() and got.shape[0] == 8
         rows = NamedSharding(mesh, P("x"))
 
@@ -384,7 +384,7 @@ class TestFourDevices:
 
         args = put(mesh, jax_args(batch), [P()] * 5)
         assert local_calls(step.lower(*args).compile().as_text()) == [f"s32[2,{form.queries},{K}]"]
-        assert_exact_mtp(step(*args), batch, K)
+        assert_exact(step(*args), batch, K)
 
     def test_empty_batch_sharded(self):
         batch = make_batch([], seed=9)
