@@ -33,26 +33,30 @@ namespace sm90 = ffi_dsa::sm90;
 struct DeviceInfo {
   int sm_count = 0, major = 0, minor = 0;
   size_t max_smem_optin = 0;
-  int max_select_cluster = 1;  // largest select cluster that fits on this device (at most 16)
-  bool fused = true;           // the one-kernel path may be chosen (FFI_DSA_FUSED)
-  bool entry_pdl = true;       // the call's first kernel overlaps the stream's previous one (FFI_DSA_PDL)
+  // Select clusters of c CTAs the device holds at once, for c = 1..kMaxSelectCluster (0: none fits,
+  // or c is above FFI_DSA_MAX_SELECT_CLUSTER).
+  sm90::ClusterOccupancy select_clusters{};
+  bool fused = true;      // the one-kernel path may be chosen (FFI_DSA_FUSED)
+  bool entry_pdl = true;  // the call's first kernel overlaps the stream's previous one (FFI_DSA_PDL)
 };
 
-// Largest cluster size <= kMaxSelectCluster for which the select kernel, at its largest shared
-// memory, can be resident: a 16-CTA cluster needs 16 free SMs in one GPC, which the H100 SXM has
-// but a part with fewer SMs per GPC may not (its launch would fail). FFI_DSA_MAX_SELECT_CLUSTER
-// (1, 2, 4, 8 or 16) lowers the start, so the smaller clusters such a part gets can be tested on
-// any Hopper GPU.
-int LargestSelectCluster() {
-  int start = sm90::kMaxSelectCluster;
+// How many select clusters of each size up to kMaxSelectCluster, at the select kernel's largest
+// shared memory, can be resident at once. A cluster's CTAs share one GPC, so this is not SMs / size:
+// a 16-CTA cluster needs 16 free SMs in one GPC, which a part with fewer SMs per GPC lacks (its
+// launch would fail), and a GPC of fewer than 16 free SMs holds one 8-CTA cluster, not two.
+// FFI_DSA_MAX_SELECT_CLUSTER (1, 2, 4, 8 or 16) caps the sizes, so the smaller clusters such a part
+// gets can be tested on any Hopper GPU.
+sm90::ClusterOccupancy SelectClusterOccupancy() {
+  int largest = sm90::kMaxSelectCluster;
   if (const char* env = std::getenv("FFI_DSA_MAX_SELECT_CLUSTER"); env != nullptr && *env != '\0') {
     const std::string value(env);
     if (value != "1" && value != "2" && value != "4" && value != "8" && value != "16") {
       TVM_FFI_THROW(ValueError) << "FFI_DSA_MAX_SELECT_CLUSTER must be 1, 2, 4, 8 or 16, got '" << value << "'";
     }
-    start = std::min(start, std::stoi(value));
+    largest = std::min(largest, std::stoi(value));
   }
-  for (int size = start; size > 1; size /= 2) {
+  sm90::ClusterOccupancy occupancy{};
+  for (int size = 1; size <= largest; ++size) {
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(static_cast<unsigned>(size));
     config.blockDim = dim3(sm90::kSelectThreads);
@@ -65,12 +69,14 @@ int LargestSelectCluster() {
     config.attrs = &attr;
     config.numAttrs = 1;
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, sm90::SelectRowsKernel, &config) == cudaSuccess && clusters > 0) {
-      return size;
+    if (cudaOccupancyMaxActiveClusters(&clusters, sm90::SelectRowsKernel, &config) != cudaSuccess) {
+      (void)cudaGetLastError();  // a refused size is an answer, not a sticky error
+      clusters = 0;
     }
-    (void)cudaGetLastError();  // a refused size is an answer, not a sticky error
+    occupancy.active[size] = clusters;
   }
-  return 1;
+  occupancy.active[1] = std::max(occupancy.active[1], 1);  // one CTA per row always launches
+  return occupancy;
 }
 
 // A 0/1 switch from the environment, on (1) when unset.
@@ -130,7 +136,7 @@ const DeviceInfo& GetDeviceInfo(int device) {
       }
       TVM_FFI_CHECK_CUDA_ERROR(
           cudaFuncSetAttribute(sm90::SelectRowsKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-      info.max_select_cluster = LargestSelectCluster();
+      info.select_clusters = SelectClusterOccupancy();
       // The one-kernel path is an optimization, taken when a row fits its CTA's shared memory
       // (FusedFits); otherwise the two-kernel path gives the same bytes.
       // FFI_DSA_FUSED=0 turns the one-kernel path off (every call then takes the two kernels), so
@@ -271,7 +277,7 @@ void LaunchIndexer(const ffi_dsa::IndexerArgs& a, const DeviceInfo& info, cudaSt
   const int64_t row_stride = a.max_pages * ffi_dsa::kPageTokens;
   const int64_t max_tokens = std::max<int64_t>(1, a.max_pages) * ffi_dsa::kPageTokens;
   const sm90::Schedule plan = sm90::PlanSchedule(a.batch, a.queries, a.max_pages, info.sm_count, sm90::kSliceKeys,
-                                                 info.max_select_cluster, FusedFits<kHeads, kQueries>(info, max_tokens));
+                                                 info.select_clusters, FusedFits<kHeads, kQueries>(info, max_tokens));
   // Kernel 1 runs unless no row has a token, or no query can be longer than K with the output by
   // position, so that no query needs scores (sm90_rows.cuh: ScoresNeeded): then one launch, no
   // workspace.

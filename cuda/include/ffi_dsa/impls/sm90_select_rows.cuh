@@ -15,6 +15,7 @@
 #include "ffi_dsa/impls/sm90_ptx.cuh"
 #include "ffi_dsa/impls/sm90_rows.cuh"
 #include "ffi_dsa/rank_key.h"
+#include "ffi_dsa/sm90_schedule.h"
 
 namespace ffi_dsa::sm90 {
 
@@ -42,9 +43,7 @@ struct SelectParams {
 // Keys one CTA selects alone; a longer row gets a cluster of ceil(n / kSliceKeys) CTAs (W1's 8K
 // row on a cluster of 4 measured 2x the threshold time of one CTA: barriers and DSMEM reads).
 constexpr int kSliceKeys = 8192;
-// Up to 16 CTAs per row (H100's non-portable maximum): a 128K row on 16 x 8K-key slices. (v9b
-// measured 16 slower than 8, when every thread read every other CTA's histogram over DSMEM.)
-constexpr int kMaxSelectCluster = 16;
+// Up to kMaxSelectCluster CTAs per row (sm90_schedule.h).
 static_assert(kMaxSelectCluster <= kMaxClusterRanks, "the cluster exchanges");
 // Keys one CTA stages in shared memory (128 KB): a 512K-token row over a cluster of 16.
 constexpr uint32_t kMaxStagedKeys = 32768;
