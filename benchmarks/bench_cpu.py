@@ -1,9 +1,11 @@
 """CPU benchmark: ffi_dsa vs the naive torch version, side by side in one process.
 
-    python benchmarks/bench_cpu.py [--batch 16 --tokens 8192 --runs 10 --warmup 2 --kernels all --json PATH]
+    python benchmarks/bench_cpu.py [--batch 16 --tokens 8192 --queries N --heads H --runs 10 --warmup 2
+                                    --kernels all --json PATH]
     python -m ffi_dsa bench --device cpu [same options]
 
-Both run on the same 16 x 8K-token batch (ffi_dsa.workloads.make_batch, fixed seed), each timed
+Both run on the same 16 x 8K-token batch (ffi_dsa.workloads.make_batch, fixed seed; --queries N gives
+each row N query tokens, the row's last N, and --heads 32 the narrow indexer), each timed
 as the median of N calls after warm-up with time.perf_counter (interleaved: one call of each
 version per round, so background load hits them alike), and both outputs are checked with
 ffi_dsa.check_topk under the contract's tolerance (docs/contract.md) (the naive output is ordered by score: sorted=True).
@@ -34,6 +36,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import ffi_dsa  # noqa: E402
 from ffi_dsa.contract import DEFAULT_TOPK as TOPK  # noqa: E402
+from ffi_dsa.contract import NUM_HEADS, SUPPORTED_HEADS  # noqa: E402
 from ffi_dsa.demo import cpu_name  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
 
@@ -42,6 +45,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bench_cpu", description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16, help="rows (default 16)")
     parser.add_argument("--tokens", type=int, default=8192, help="context tokens per row (default 8192)")
+    parser.add_argument("--queries", type=int, default=None,
+                        help="N query tokens per row: q [B, N, H, 128] (default: the rank-3 q of one query)")
+    parser.add_argument("--heads", type=int, default=NUM_HEADS, choices=SUPPORTED_HEADS,
+                        help=f"index heads H (default {NUM_HEADS})")
     parser.add_argument("--runs", type=int, default=10, help="timed calls per version (default 10)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
     parser.add_argument("--seed", type=int, default=0)
@@ -57,13 +64,14 @@ def main(argv=None) -> int:
 
     lens = np.full(a.batch, a.tokens, dtype=np.int32)
     t0 = time.perf_counter()
-    batch = make_batch(lens, seed=a.seed)
+    batch = make_batch(lens, seed=a.seed, queries=a.queries, heads=a.heads)
     gen_s = time.perf_counter() - t0
     tokens = batch.tokens
     machine = f"{os.cpu_count()} cores, {cpu_name()}, Python {platform.python_version()}"
     kernels = _kernels(a.kernels)
     load_before = os.getloadavg()
-    print(f"bench_cpu: B={a.batch} x {a.tokens} tokens = {tokens} tokens, K={TOPK}; {machine}")
+    shape = f"N={a.queries or 1} queries per row, H={a.heads}"
+    print(f"bench_cpu: B={a.batch} x {a.tokens} tokens = {tokens} tokens, {shape}, K={TOPK}; {machine}")
     print(f"  CPU variants offered: {', '.join(ffi_dsa.cpu_kernels())} (auto = {ffi_dsa.cpu_kernel()}); "
           f"load average {_load(load_before)}")
     print(f"  batch generated in {gen_s:.1f} s; timing = median of {a.runs} calls after {a.warmup} warm-up "
@@ -90,7 +98,7 @@ def main(argv=None) -> int:
     versions = {}
     auto = ffi_dsa.cpu_kernel()
     for kernel in kernels:
-        out_k = np.full((a.batch, TOPK), -7, dtype=np.int32)
+        out_k = np.full(batch.output_shape(TOPK), -7, dtype=np.int32)
         versions[_numpy_version(kernel, auto)] = (lambda k=kernel: ffi_dsa.set_cpu_kernel(k),
                                                   lambda o=out_k: ffi_dsa.call(*args_np, o), lambda o=out_k: o, False)
     use_auto = lambda: ffi_dsa.set_cpu_kernel("auto")  # noqa: E731
@@ -104,7 +112,7 @@ def main(argv=None) -> int:
         if a.threads:
             torch.set_num_threads(a.threads)
         args_t = batch.to_torch("cpu")
-        out_t = torch.full((a.batch, TOPK), -7, dtype=torch.int32)
+        out_t = torch.full(batch.output_shape(TOPK), -7, dtype=torch.int32)
         versions[f"ffi_dsa (torch cpu) [{auto}]"] = (use_auto, lambda: ffi_dsa.call(*args_t, out_t),
                                                      lambda: out_t, False)
         if not a.no_naive:
@@ -154,6 +162,7 @@ def main(argv=None) -> int:
             "date": datetime.date.today().isoformat(), "machine": machine,
             "command": " ".join(["bench_cpu", *(argv if argv is not None else sys.argv[1:])]),
             "batch": a.batch, "tokens_per_row": a.tokens, "tokens": tokens, "topk": TOPK,
+            "queries": a.queries or 1, "heads": a.heads,
             "runs": a.runs, "warmup": a.warmup, "results": results, "speedup_vs_naive": speedup,
             "cpu_kernels": ffi_dsa.cpu_kernels(), "auto_kernel": auto,
             "load_average_before": load_before, "load_average_after": load_after,

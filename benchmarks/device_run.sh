@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # The one script a GPU call runs, from the repository root of the device machine:
 #
-#   bash benchmarks/device_run.sh [build|test|sanitize|bench|all]...      (default: all)
+#   bash benchmarks/device_run.sh [build|test|sanitize|bench|queries|counters|all]...   (default: all)
 #
 #   build     import ffi_dsa, force the CUDA module build, print ptxas resource usage (-Xptxas -v)
 #   test      python3 -m pytest -q -x tests                      -> $OUT/pytest.log
 #   sanitize  compute-sanitizer memcheck / racecheck / synccheck over benchmarks/sanitize_cases.py
 #                                                                -> $OUT/sanitize.log
 #   bench     benchmarks/bench_gpu.py                            -> $OUT/bench.{log,json,png}
+#   queries   benchmarks/bench_queries.py (N queries per row, 32 heads) -> $OUT/queries.{log,json}
+#   counters  benchmarks/kernel_counters.py, N = 1 then N = 2      -> $OUT/counters.log
 #
 # The device image has python3 3.12, torch (CUDA), JAX, nvcc at /usr/local/cuda and ninja, but not
 # apache-tvm-ffi / jax-tvm-ffi: those travel as cp312 wheels in .whl/ (name .whl in the call's
 # carry). A failing step does not stop the next one; the exit code is non-zero if any failed.
 # Knobs (environment): BENCH_ARGS (extra bench_gpu.py options, e.g. "--workloads W1,W5"),
+# QUERIES_ARGS (extra bench_queries.py options), COUNTERS_WORKLOADS (default W1,W2,W3,W4,W5,W6),
 # PYTEST_ARGS (default "-q -x tests"), SANITIZE_TOOLS (default "memcheck racecheck synccheck initcheck"),
 # SANITIZE_TIMEOUT (seconds per tool, default 150), FFI_DSA_CACHE_DIR (default /tmp/ffi_dsa_cache).
 set -u
@@ -161,14 +164,31 @@ step_bench() {
   return $rc
 }
 
+step_queries() {
+  set -o pipefail
+  # shellcheck disable=SC2086
+  python3 benchmarks/bench_queries.py --json "$OUT/queries.json" ${QUERIES_ARGS:-} 2>&1 | tee "$OUT/queries.log"
+  local rc=$?
+  set +o pipefail
+  return $rc
+}
+
+step_counters() {
+  local rc=0 w=${COUNTERS_WORKLOADS:-W1,W2,W3,W4,W5,W6}
+  : >"$OUT/counters.log"
+  python3 benchmarks/kernel_counters.py "$w" 2>&1 | tee -a "$OUT/counters.log" || rc=1
+  python3 benchmarks/kernel_counters.py "$w" --queries 2 2>&1 | tee -a "$OUT/counters.log" || rc=1
+  return $rc
+}
+
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(all)
 EXPANDED=()
 for s in "${STEPS[@]}"; do
   case "$s" in
     all) EXPANDED+=(build test sanitize bench) ;;
-    build|test|sanitize|bench) EXPANDED+=("$s") ;;
-    *) echo "usage: bash benchmarks/device_run.sh [build|test|sanitize|bench|all]..."; exit 2 ;;
+    build|test|sanitize|bench|queries|counters) EXPANDED+=("$s") ;;
+    *) echo "usage: bash benchmarks/device_run.sh [build|test|sanitize|bench|queries|counters|all]..."; exit 2 ;;
   esac
 done
 

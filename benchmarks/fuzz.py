@@ -1,17 +1,22 @@
 """Randomized check of the operator against the float64 reference (docs/contract.md), many calls.
 
-Every call draws a new shape and data: B (0 .. 8, sometimes 131-133 or a few hundred), row lengths
-(0, 1, 63, 64, 65, K-1, K, K+1, 2047-2049, random, sometimes long), K (1, 17, 512, 1000, 2047, 2048 or
-random), the order (position or score), a block table sometimes far wider than the rows with random
-page ids (valid or not) past each row's length, invalid page ids inside rows, NaN and infinite
-scales, NaN weights, and about half the calls use data whose scores are exact in any order of
-addition (small integers: exact ties and relu's 0.0 plateaus), where the output must equal the
-reference's choice byte for byte; elsewhere `check_topk`'s tolerance applies. Outputs are poisoned
-before each call and must be fully written; every call is repeated (on CUDA on a second stream) and
-must give the same bytes.
+Every call draws a new shape and data: B (0 .. 8, sometimes 131-133 or a few hundred), N query tokens
+per row (1 .. 4; N = 1 as a rank-3 or a rank-4 q), H (64 or 32 heads), row lengths (0, 1, 63, 64, 65,
+K-1, K, K+1, 2047-2049, random, sometimes long), seq_lens [B] (causal offsets) or [B, N] (a length per
+query: near the row's, random, edge values, 0, negative or past the table), weights [B * N, H] or
+[B, N, H], the output [B * N, K] or [B, N, K], K (1, 17, 512, 1000, 2047, 2048 or random), the order
+(position or score), a block table sometimes far wider than the rows with random page ids (valid or
+not) past each row's longest prefix, invalid page ids inside rows, NaN and infinite scales, NaN
+weights, and about half the calls use data whose scores are exact in any order of addition (small
+integers: exact ties and relu's 0.0 plateaus), where the output must equal the reference's choice
+byte for byte; elsewhere `check_topk`'s tolerance applies. Outputs are poisoned before each call and
+must be fully written; every call is repeated (on CUDA on a second stream) and must give the same
+bytes.
 
 Pages come from two fixed pools (random FP8 keys with random scales, and small-integer keys with
-unit scales), decoded once, so a call costs only its own tokens' reference scores.
+unit scales), decoded once, so a call costs only its own tokens' reference scores (a row's keys are
+gathered once for all its queries). The summary counts tokens scored: each query row's visible
+prefix.
 
     python -m ffi_dsa.benchmarks.fuzz --device cuda --calls 10000      (benchmarks/fuzz.py in a checkout)
 """
@@ -36,10 +41,10 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ffi_dsa  # noqa: E402
-from ffi_dsa.contract import HEAD_DIM, NUM_HEADS, PAGE_FP8_BYTES, PAGE_TOKENS  # noqa: E402
-from ffi_dsa.workloads import MODEL_TABLE_PAGES  # noqa: E402
+from ffi_dsa.contract import HEAD_DIM, MAX_QUERIES, PAGE_FP8_BYTES, PAGE_TOKENS, SUPPORTED_HEADS  # noqa: E402
 from ffi_dsa.kv_cache import pack_k_cache, unpack_k_cache  # noqa: E402
-from ffi_dsa.reference import RowScores, row_scores, select_rows  # noqa: E402
+from ffi_dsa.reference import RowScores, row_scores, select_rows, visible_lengths  # noqa: E402
+from ffi_dsa.workloads import MODEL_TABLE_PAGES  # noqa: E402
 
 POOL_PAGES = 4096  # 262K tokens per pool: rows draw distinct pages from it
 EDGE_LENGTHS = [0, 1, 2, 63, 64, 65, 127, 2047, 2048, 2049, 4095, 4097]
@@ -82,12 +87,80 @@ def draw_lengths(rng, batch: int, topk: int) -> np.ndarray:
         if kind < 0.35:
             lens[b] = rng.choice(EDGE_LENGTHS + [topk - 1, topk, topk + 1])
         elif kind < 0.94:
-            lens[b] = rng.integers(0, 6000)
+            lens[b] = rng.integers(0, 4000)
         elif kind < 0.995:
-            lens[b] = rng.integers(6000, 40000)
+            lens[b] = rng.integers(4000, 24000)
         else:
-            lens[b] = rng.integers(40000, 200000)
+            lens[b] = rng.integers(24000, 100000)
     return np.clip(lens, 0, None)
+
+
+def draw_query_lengths(rng, row_lens: np.ndarray, queries: int, topk: int) -> np.ndarray:
+    """seq_lens [B, N]: per query, the row's length less a little (as causal queries see), a random
+    prefix, an edge length or 0; none longer than its row, so the row's pages cover every query."""
+    lens = np.empty((len(row_lens), queries), np.int64)
+    for b, n in enumerate(row_lens):
+        for j in range(queries):
+            kind = rng.random()
+            if kind < 0.5:
+                lens[b, j] = n - rng.integers(0, 3) * (queries - 1 - j)
+            elif kind < 0.8:
+                lens[b, j] = rng.integers(0, n + 1)
+            elif kind < 0.95:
+                lens[b, j] = rng.choice(EDGE_LENGTHS + [topk - 1, topk, topk + 1])
+            else:
+                lens[b, j] = 0
+    return np.clip(np.minimum(lens, row_lens[:, None]), 0, None)
+
+
+def draw_table(rng, longest: np.ndarray) -> np.ndarray:
+    """A block table holding each row's pages for its longest prefix: distinct random pool pages,
+    sometimes invalid ids among them, and random ids (valid or not) past them, in a table sometimes
+    far wider than the rows."""
+    pages = (longest + PAGE_TOKENS - 1) // PAGE_TOKENS
+    width = int(max(1, pages.max(initial=0)))
+    if rng.random() < 0.2 and width < MODEL_TABLE_PAGES:
+        width = int(rng.integers(width, MODEL_TABLE_PAGES + 1))  # a table sized for the model's longest row
+    table = rng.integers(-3, POOL_PAGES + 3, size=(len(longest), width)).astype(np.int32)  # garbage past lengths
+    for b in range(len(longest)):
+        table[b, : pages[b]] = rng.choice(POOL_PAGES, size=pages[b], replace=False)
+        if pages[b] and rng.random() < 0.1:  # invalid pages inside the row
+            bad = rng.choice(pages[b], size=min(pages[b], int(rng.integers(1, 4))), replace=False)
+            table[b, bad] = rng.choice(np.array([-1, -7, POOL_PAGES, POOL_PAGES + 100], np.int32), size=len(bad))
+    return table
+
+
+def draw_queries(rng, pool: Pool, batch: int, queries: int, heads: int):
+    """q [B, N, H, 128] as fp8 bytes and weights [B, N, H] for the pool's kind of data."""
+    import ml_dtypes
+
+    shape = (batch, queries, heads)
+    if pool.exact:
+        q = rng.choice(np.array([0.0, 1.0, 2.0], np.float32), size=(*shape, HEAD_DIM))
+        q[..., 4:] = 0.0
+        weights = rng.choice(np.array([-1.0, 1.0, 2.0], np.float32), size=shape)
+    else:
+        q = rng.standard_normal((*shape, HEAD_DIM), dtype=np.float32)
+        weights = rng.standard_normal(shape, dtype=np.float32)
+        if batch and rng.random() < 0.05:
+            weights[rng.integers(0, batch), rng.integers(0, queries), rng.integers(0, heads)] = np.nan
+    return q.astype(ml_dtypes.float8_e4m3fn).view(np.uint8), weights
+
+
+def draw_seq_lens(rng, row_lens: np.ndarray, queries: int, topk: int, per_query: bool, capacity: int):
+    """seq_lens [B] (the rows' lengths) or [B, N]; sometimes a negative entry, or in the [B, N] form
+    one past the table's capacity (both are clamped by the op). Only a row whose pages fill the table
+    gets one past it: elsewhere the query would see the random ids past the row's pages, which may
+    repeat the row's own pages."""
+    seq_lens = draw_query_lengths(rng, row_lens, queries, topk) if per_query else row_lens.copy()
+    seq_lens = seq_lens.astype(np.int32)
+    flat = seq_lens.reshape(-1)
+    if flat.size and rng.random() < 0.05:
+        flat[rng.integers(0, flat.size)] = -5  # counts as 0
+    full = np.nonzero(row_lens > capacity - PAGE_TOKENS)[0]
+    if per_query and full.size and rng.random() < 0.05:
+        seq_lens[rng.choice(full), rng.integers(0, queries)] = capacity + int(rng.integers(1, 100))
+    return seq_lens
 
 
 def draw_call(rng, pools):
@@ -95,52 +168,44 @@ def draw_call(rng, pools):
     topk = int(rng.choice(TOPKS)) if rng.random() < 0.8 else int(rng.integers(1, 2049))
     r = rng.random()
     batch = int(rng.integers(0, 9)) if r < 0.96 else (int(rng.integers(131, 134)) if r < 0.99 else int(rng.integers(200, 400)))
-    lens = draw_lengths(rng, batch, topk)
+    queries = int(rng.integers(1, MAX_QUERIES + 1))
+    heads = int(rng.choice(SUPPORTED_HEADS))
+    row_lens = draw_lengths(rng, batch, topk)
     if batch > 100:
-        lens = np.minimum(lens, 1200)  # keep the reference's work per call bounded
-    pages = (lens + PAGE_TOKENS - 1) // PAGE_TOKENS
-    width = int(max(1, pages.max(initial=0)))
-    if rng.random() < 0.2 and width < MODEL_TABLE_PAGES:
-        width = int(rng.integers(width, MODEL_TABLE_PAGES + 1))  # a table sized for the model's longest row
-    table = rng.integers(-3, POOL_PAGES + 3, size=(batch, width)).astype(np.int32)  # garbage past lengths
-    for b in range(batch):
-        table[b, : pages[b]] = rng.choice(POOL_PAGES, size=pages[b], replace=False)
-        if pages[b] and rng.random() < 0.1:  # invalid pages inside the row
-            bad = rng.choice(pages[b], size=min(pages[b], int(rng.integers(1, 4))), replace=False)
-            table[b, bad] = rng.choice(np.array([-1, -7, POOL_PAGES, POOL_PAGES + 100], np.int32), size=len(bad))
-    if pool.exact:
-        q = rng.choice(np.array([0.0, 1.0, 2.0], np.float32), size=(batch, NUM_HEADS, HEAD_DIM))
-        q[..., 4:] = 0.0
-        weights = rng.choice(np.array([-1.0, 1.0, 2.0], np.float32), size=(batch, NUM_HEADS))
-    else:
-        q = rng.standard_normal((batch, NUM_HEADS, HEAD_DIM), dtype=np.float32)
-        weights = rng.standard_normal((batch, NUM_HEADS), dtype=np.float32)
-        if batch and rng.random() < 0.05:
-            weights[rng.integers(0, batch), rng.integers(0, NUM_HEADS)] = np.nan
-    import ml_dtypes
-
-    q8 = q.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
-    seq_lens = lens.astype(np.int32)
-    if batch and rng.random() < 0.05:
-        seq_lens[rng.integers(0, batch)] = -5  # counts as 0
-    return pool, (q8, pool.k_cache, weights, seq_lens, table), topk, bool(rng.random() < 0.4)
+        row_lens = np.minimum(row_lens, 1200 // queries)  # keep the reference's work per call bounded
+    table = draw_table(rng, row_lens)
+    seq_lens = draw_seq_lens(rng, row_lens, queries, topk, bool(rng.random() < 0.5), table.shape[1] * PAGE_TOKENS)
+    q8, weights = draw_queries(rng, pool, batch, queries, heads)
+    if queries == 1 and rng.random() < 0.5:
+        q8 = q8[:, 0]  # the rank-3 form
+    if rng.random() < 0.5:
+        weights = weights.reshape(batch * queries, heads)
+    out_shape = (batch * queries, topk) if rng.random() < 0.5 else (batch, queries, topk)
+    return pool, (q8, pool.k_cache, weights, seq_lens, table), topk, bool(rng.random() < 0.4), out_shape
 
 
 def reference_rows(pool: Pool, args) -> list[RowScores]:
-    """reference_scores for the pool's pages, from the pool's decoded keys."""
+    """reference_scores for the pool's pages, from the pool's decoded keys: one RowScores per query
+    row, each row's keys gathered once for its longest prefix."""
     import ml_dtypes
 
     q8, _, weights, seq_lens, table = args
+    qf = q8.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    batch, queries, heads = qf.shape[0], (qf.shape[1] if qf.ndim == 4 else 1), qf.shape[-2]
+    qf = qf.reshape(batch, queries, heads, HEAD_DIM)
+    w = weights.astype(np.float64).reshape(batch, queries, heads)
+    visible = visible_lengths(seq_lens, queries, table.shape[1]).reshape(batch, queries)
     rows = []
-    for b in range(q8.shape[0]):
-        n = int(np.clip(seq_lens[b], 0, table.shape[1] * PAGE_TOKENS))
-        t = np.arange(n)
+    for b in range(batch):
+        t = np.arange(visible[b].max(initial=0))
         page = table[b, t // PAGE_TOKENS].astype(np.int64)
         valid = (page >= 0) & (page < POOL_PAGES)
         t, page = t[valid], page[valid]
         ids = page * PAGE_TOKENS + t % PAGE_TOKENS
-        qf = q8[b].view(ml_dtypes.float8_e4m3fn).astype(np.float64)
-        rows.append(row_scores(pool.keys[ids], qf, weights[b].astype(np.float64), t, ids))
+        keys = pool.keys[ids]
+        for j in range(queries):
+            m = int(np.searchsorted(t, visible[b, j]))  # the candidates query j sees
+            rows.append(row_scores(keys[:m], qf[b, j], w[b, j], t[:m], ids[:m]))
     return rows
 
 
@@ -158,11 +223,11 @@ class Runner:
             self.side = torch.cuda.Stream()
             self.caches = {}  # the pools' packed pages, copied to the device once
 
-    def run(self, args, topk: int, sorted_: bool) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, args, out_shape, sorted_: bool) -> tuple[np.ndarray, np.ndarray]:
         if self.device == "cpu":
             outs = []
             for _ in range(2):
-                out = np.full((args[0].shape[0], topk), self.SENTINEL, np.int32)
+                out = np.full(out_shape, self.SENTINEL, np.int32)
                 ffi_dsa.call(*args, out, sorted=sorted_)
                 outs.append(out)
             return outs[0], outs[1]
@@ -172,7 +237,7 @@ class Runner:
         if id(args[1]) not in self.caches:
             self.caches[id(args[1])] = torch.from_numpy(args[1]).cuda()
         t[1] = self.caches[id(args[1])]
-        first = torch.full((args[0].shape[0], topk), self.SENTINEL, dtype=torch.int32, device="cuda")
+        first = torch.full(out_shape, self.SENTINEL, dtype=torch.int32, device="cuda")
         second = first.clone()
         ffi_dsa.call(*t, first, sorted=sorted_)
         self.side.wait_stream(torch.cuda.current_stream())
@@ -189,6 +254,7 @@ def verdict(task) -> list[str]:
     """The problems of one call's outputs (runs in a checking process)."""
     exact, args, topk, sorted_, got, again = task
     pool = _POOLS[exact]
+    args = (args[0], pool.k_cache, *args[2:])  # the task left the shared cache out (35 MB to pickle)
     problems = []
     if np.any(got == Runner.SENTINEL):
         problems.append("output not fully written")
@@ -197,7 +263,7 @@ def verdict(task) -> list[str]:
     rows = reference_rows(pool, args)
     if pool.exact:
         want = select_rows(rows, topk, sorted_)
-        bad = np.nonzero(np.any(got != want, axis=1))[0]
+        bad = np.nonzero(np.any(got.reshape(want.shape) != want, axis=1))[0]
         if bad.size:
             problems.append(f"exact data: rows {bad[:5].tolist()} differ from the reference's choice")
     else:
@@ -210,12 +276,15 @@ def calls_and_outputs(rng, runner: Runner, count: int, deadline: float):
     for i in range(count):
         if deadline and time.perf_counter() > deadline:
             return
-        pool, args, topk, sorted_ = draw_call(rng, _POOLS)
-        got, again = runner.run(args, topk, sorted_)
-        lens = np.asarray(args[3])
-        about = (f"call {i}: B={len(lens)} K={topk} sorted={sorted_} exact={pool.exact} width={args[4].shape[1]} "
-                 f"lens={lens[:12].tolist()}", int(np.clip(lens, 0, None).sum()))
-        yield about, (pool.exact, args, topk, sorted_, got, again)
+        pool, args, topk, sorted_, out_shape = draw_call(rng, _POOLS)
+        got, again = runner.run(args, out_shape, sorted_)
+        q8, _, weights, lens, table = args
+        queries = q8.shape[1] if q8.ndim == 4 else 1
+        seen = int(visible_lengths(lens, queries, table.shape[1]).sum())
+        about = (f"call {i}: B={len(lens)} q={list(q8.shape[:-1])} weights={list(weights.shape)} "
+                 f"out={list(out_shape)} K={topk} sorted={sorted_} exact={pool.exact} width={table.shape[1]} "
+                 f"lens={lens[:8].tolist()}", seen)
+        yield about, (pool.exact, (args[0], None, *args[2:]), topk, sorted_, got, again)
 
 
 def main(argv=None) -> int:

@@ -22,9 +22,9 @@ from ffi_dsa.workloads import page_layout
 
 @dataclass
 class TorchBatch:
-    q: torch.Tensor            # [B, 64, 128] float8_e4m3fn
+    q: torch.Tensor            # [B, H, 128] float8_e4m3fn, or [B, N, H, 128]
     k_cache: torch.Tensor      # [num_pages, 64, 1, 132] int8
-    weights: torch.Tensor      # [B, 64] float32
+    weights: torch.Tensor      # [B, H] float32, or [B, N, H]
     seq_lens: torch.Tensor     # [B] int32
     block_table: torch.Tensor  # [B, max_pages] int32
 
@@ -81,9 +81,12 @@ def remap_ids(ids: np.ndarray, page_map: np.ndarray) -> np.ndarray:
 CHUNK_PAGES = 4096  # pages generated per step: bounds the float32 temporaries
 
 
-def make_batch_torch(seq_lens, *, seed: int = 0, device="cuda", max_pages: int | None = None) -> TorchBatch:
+def make_batch_torch(seq_lens, *, seed: int = 0, device="cuda", max_pages: int | None = None,
+                     queries: int | None = None, heads: int = NUM_HEADS) -> TorchBatch:
     """A batch with the given row lengths, generated on `device` (see the module docstring); the
-    block table is `max_pages` wide when given (else the longest row's pages), -1 past each row."""
+    block table is `max_pages` wide when given (else the longest row's pages), -1 past each row.
+    ``queries=N`` gives q ``[B, N, H, 128]`` and weights ``[B, N, H]`` (seq_lens stay ``[B]``:
+    causal offsets, docs/contract.md §7); ``heads`` is H."""
     device = torch.device(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
@@ -100,8 +103,9 @@ def make_batch_torch(seq_lens, *, seed: int = 0, device="cuda", max_pages: int |
     scales = flat[:, PAGE_FP8_BYTES:].view(torch.float32)  # [num_pages, 64], a view
     scales.uniform_(0.5, 1.5, generator=gen)  # make_batch's default scale_range
 
-    q = torch.randn((batch, NUM_HEADS, HEAD_DIM), generator=gen, device=device).to(torch.float8_e4m3fn)
-    weights = torch.randn((batch, NUM_HEADS), generator=gen, device=device)
+    rows = (batch,) if queries is None else (batch, queries)
+    q = torch.randn((*rows, heads, HEAD_DIM), generator=gen, device=device).to(torch.float8_e4m3fn)
+    weights = torch.randn((*rows, heads), generator=gen, device=device)
 
     pool = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
     starts = torch.as_tensor(np.concatenate([[0], np.cumsum(pages_per_row)[:-1]]) if batch else

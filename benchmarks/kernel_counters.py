@@ -1,6 +1,7 @@
 """Hardware counters per kernel (Nsight Compute): duration, DRAM bytes moved, achieved bandwidth.
 
-    python benchmarks/kernel_counters.py [W1,W2,...]       (a GPU with `ncu` on PATH; default W1-W6)
+    python benchmarks/kernel_counters.py [W1,W2,...] [--queries N] [--heads H]
+                                            (a GPU with `ncu` on PATH; default W1-W6, one query of 64 heads)
 
 bench_gpu.py says how long a call takes; this says where the bytes and the time go. For each
 workload it runs one cold call (`ncu --cache-control all` flushes L2 before every kernel; clocks
@@ -37,8 +38,9 @@ METRICS = {
 UNIT_SCALE = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1, "usecond": 1e3, "msecond": 1e6}
 
 
-def child(name: str) -> int:
-    """One call of workload `name` on fresh device data (the kernels ncu reads)."""
+def child(name: str, queries: int | None, heads: int) -> int:
+    """One call of workload `name` on fresh device data (the kernels ncu reads); `queries` per row
+    (q [B, N, H, 128], causal seq_lens) when given."""
     import torch
 
     import ffi_dsa
@@ -48,8 +50,8 @@ def child(name: str) -> int:
 
     _ffi_api.cuda_module()
     lens = workloads()[name]["lens"]
-    batch = make_batch_torch(lens, seed=5, device="cuda")
-    out = torch.full((len(lens), TOPK), -7, dtype=torch.int32, device="cuda")
+    batch = make_batch_torch(lens, seed=5, device="cuda", queries=queries, heads=heads)
+    out = torch.full((*batch.q.shape[:-2], TOPK), -7, dtype=torch.int32, device="cuda")
     torch.cuda.synchronize()
     ffi_dsa.call(*batch.args(), out)
     torch.cuda.synchronize()
@@ -81,9 +83,9 @@ def parse(csv_text: str) -> list[dict]:
     return kernels
 
 
-def profile(name: str, ncu: str) -> list[dict]:
+def profile(name: str, ncu: str, shape_args: list[str]) -> list[dict]:
     cmd = [ncu, "--clock-control", "none", "--cache-control", "all", "--kernel-name", KERNELS, "--csv",
-           "--page", "raw", "--metrics", ",".join(METRICS), sys.executable, __file__, "--child", name]
+           "--page", "raw", "--metrics", ",".join(METRICS), sys.executable, __file__, "--child", name, *shape_args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     kernels = parse(proc.stdout)
     if proc.returncode != 0 or not kernels:
@@ -95,10 +97,16 @@ def profile(name: str, ncu: str) -> list[dict]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workloads", nargs="?", default="W1,W2,W3,W4,W5,W6")
+    parser.add_argument("--queries", type=int, default=None, help="N query tokens per row (rank-4 q)")
+    parser.add_argument("--heads", type=int, default=None, help="index heads (64 or 32)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     a = parser.parse_args(argv)
+    from ffi_dsa.contract import NUM_HEADS
+
+    heads = a.heads or NUM_HEADS
     if a.child:
-        return child(a.child)
+        return child(a.child, a.queries, heads)
+    shape_args = (["--queries", str(a.queries)] if a.queries else []) + ["--heads", str(heads)]
 
     import torch
 
@@ -112,12 +120,13 @@ def main(argv=None) -> int:
         print("kernel_counters: Nsight Compute (ncu) not found")
         return 1
     bandwidth = copy_bandwidth("cuda", 1 << 31)
-    print(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s (read + write); one cold call per workload under ncu")
+    print(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s (read + write); one cold call per workload under ncu; "
+          f"queries per row {a.queries or 1} ({'rank-4' if a.queries else 'rank-3'} q), {heads} heads")
     print(f"{'wl':3s} {'kernel':10s} {'grid':>5s} {'us':>7s} {'read MB':>8s} {'write MB':>8s} {'GB/s':>6s} "
           f"{'of copy':>7s} {'dram %':>6s} {'sm %':>5s}")
     specs = workloads()
     for name in a.workloads.split(","):
-        kernels = profile(name, ncu)
+        kernels = profile(name, ncu, shape_args)
         for k in kernels:
             moved = k["read"] + k["write"]
             rate = moved / k["ns"]  # bytes per ns = GB/s

@@ -11,9 +11,16 @@ from __future__ import annotations
 import torch
 
 from ffi_dsa.contract import DEFAULT_TOPK, HEAD_DIM, PAGE_FP8_BYTES, PAGE_TOKENS
+from ffi_dsa.reference import visible_lengths
 
 
 def naive_topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK):
+    if q.dim() == 4:  # N queries per row: one row per query, each with the row's pages and its own length
+        batch, queries = q.shape[:2]
+        lens = torch.from_numpy(visible_lengths(seq_lens.cpu().numpy(), queries, block_table.shape[1]))
+        return naive_topk_indexer(q.reshape(batch * queries, *q.shape[2:]), k_cache,
+                                  weights.reshape(batch * queries, -1), lens.to(q.device),
+                                  block_table.repeat_interleave(queries, 0), topk)
     batch, max_pages = block_table.shape
     num_pages = k_cache.shape[0]
     pages = k_cache.view(torch.uint8).reshape(num_pages, -1)

@@ -7,7 +7,8 @@ synccheck, initcheck): every code path of the kernel once, at sizes the tools ge
 Cases: lengths 0, 1, 2047, 2048, 2049 (around K), a long row (~20K tokens: many scoring CTAs, a 3-CTA select cluster),
 a 128K row (a 16-CTA select cluster), every score equal (the radix select over a cluster), invalid
 page ids (negative and >= num_pages) inside the used range, a negative and a too-long seq_len,
-sorted=True, rows of at most K tokens only (the one-kernel path), and B=0. Each output is poisoned first and checked with ffi_dsa.check_topk.
+sorted=True, rows of at most K tokens only (the one-kernel path), several queries per row (N = 2, 4;
+causal and per-query seq_lens; both paths) and 32 heads, and B=0. Each output is poisoned first and checked with ffi_dsa.check_topk.
 Run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that memcheck sees exact allocation bounds.
 Exit code 1 when a check fails.
 """
@@ -67,6 +68,18 @@ def cases():
     lens[650] = 17000  # a table wider than the one kernel's 16K tokens: the two kernels
     yield "700 rows, scored rows past the 640-row prefix tile, sorted", make_batch(lens, seed=20), True
 
+    mtp = make_batch([20000, 2050, 1, 0], seed=21, queries=4)  # causal prefixes crossing K, 0 and 1
+    mtp.block_table[0, 5] = -1
+    yield "N=4, causal, two kernels", mtp, False
+    yield "N=3, 64 heads, causal, two kernels, sorted", make_batch([9000, 2050, 40], seed=25, queries=3), True
+    yield "N=2, 32 heads, per-query seq_lens, sorted", make_batch(np.array([[9000, 3000], [0, 2049], [700, 5000]]), seed=22,
+                                                                 queries=2, heads=32), True
+    lens = np.random.default_rng(23).integers(0, 4097, size=(132, 2))  # one CTA per row, both queries
+    lens[:3] = [[0, 4096], [2049, 2048], [4096, 1]]
+    yield "N=2 x 132 rows <= 4K (one kernel)", make_batch(lens, seed=23, queries=2), False
+    yield "N=4, 32 heads, 132 rows <= 2K (one kernel), sorted", make_batch(
+        np.random.default_rng(24).integers(0, 2049, size=132), seed=24, queries=4, heads=32), True
+
     yield "B=0", make_batch(np.zeros(0, np.int32), seed=15), False
 
 
@@ -83,12 +96,12 @@ def main(argv=None) -> int:
             import torch
 
             args = batch.to_torch("cuda")
-            out = torch.full((rows, TOPK), -7, dtype=torch.int32, device="cuda")
+            out = torch.full(batch.output_shape(TOPK), -7, dtype=torch.int32, device="cuda")
             ffi_dsa.call(*args, out, sorted=sorted_)
             torch.cuda.synchronize()
         else:
             args = batch.args()
-            out = np.full((rows, TOPK), -7, dtype=np.int32)
+            out = np.full(batch.output_shape(TOPK), -7, dtype=np.int32)
             ffi_dsa.call(*args, out, sorted=sorted_)
         problems = ffi_dsa.check_topk(out, *batch.args(), sorted=sorted_) if rows else []
         failed += bool(problems)

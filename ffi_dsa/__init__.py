@@ -1,10 +1,11 @@
 """ffi_dsa: the DeepSeek sparse-attention (DSA) indexer top-k as one TVM-FFI DPS op.
 
-For each decode row b, score every cached token t with 64 FP8 index heads,
+For each decode row b, score every cached token t with 64 (or 32) FP8 index heads,
 
     score[t] = sum_h weights[b, h] * relu(sum_d q[b, h, d] * k[t, d] * scale[t])
 
-and return the global ids (page * 64 + slot) of the K best tokens, -1 padded. The contract (layouts,
+and return the global ids (page * 64 + slot) of the K best tokens, -1 padded. With N query tokens
+per row (q [B, N, H, 128]), each query scores the prefix of its row it sees and gets its own top-K. The contract (layouts,
 ties, NaN, bad input, precision, entry points) is docs/contract.md of the repository; an installed
 package carries it as ffi_dsa/docs/contract.md.
 """

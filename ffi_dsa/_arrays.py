@@ -11,6 +11,17 @@ DL_CPU, DL_CUDA = 1, 2
 ARG_NAMES = ("q_index_fp8", "k_index_cache_fp8", "weights", "seq_lens", "block_table", "topk_indices")
 
 
+def output_shape(q_shape, topk) -> tuple:
+    """The shape of the output an allocating caller makes for a q of shape `q_shape`
+    (docs/contract.md §7): ``[B, N, K]`` for a rank-4 q ``[B, N, H, 128]``, else ``[B, K]``.
+    Dimensions may be symbolic (torch SymInts, TVM PrimExprs). A q of any other rank still gets a
+    shape, so that the C++ check, not this, names the mistake."""
+    rank = len(q_shape)
+    if rank == 4:
+        return (q_shape[0], q_shape[1], topk)
+    return (q_shape[0] if rank else 0, topk)
+
+
 def framework(x) -> str:
     module = type(x).__module__
     if module.startswith("torch"):

@@ -12,11 +12,14 @@ from .contract import DEFAULT_TOPK, PAGE_TOKENS
 
 def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool = False,
          validate: bool = False) -> None:
-    """Destination-passing style: write the top-K token ids of each row into `topk_indices`, as
-    docs/contract.md defines them.
+    """Destination-passing style: write the top-K token ids of each query row into `topk_indices`,
+    as docs/contract.md defines them.
 
     Arguments are DLPack tensors (torch, CuPy, numpy on CPU; JAX through
-    ``ffi_dsa.integration.jax_ffi``) that all live on one device. K is ``topk_indices.shape[1]``.
+    ``ffi_dsa.integration.jax_ffi``) that all live on one device. q is ``[B, H, 128]`` or, with N
+    query tokens per row, ``[B, N, H, 128]`` (H is 64 or 32); weights ``[B * N, H]`` or
+    ``[B, N, H]``; seq_lens ``[B]`` or ``[B, N]``; topk_indices ``[B * N, K]`` or ``[B, N, K]``.
+    K is the last dimension of ``topk_indices``.
     Mistakes (dtype, shape, device, no tensor at all) raise TypeError/ValueError naming the
     argument before anything is written.
     ``validate=True`` also checks page ids and lengths on the host (a device-to-host copy for
@@ -59,7 +62,8 @@ def checked_topk(topk) -> int:
 
 def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False,
                  validate: bool = False):
-    """Allocating form of :func:`call`: returns int32 ``[B, topk]`` in the caller's array type."""
+    """Allocating form of :func:`call`: returns int32 ``[B, topk]`` in the caller's array type, or
+    ``[B, N, topk]`` for a rank-4 q ``[B, N, H, 128]``."""
     if _arrays.framework(q) == "jax":
         from .integration import jax_ffi
 
@@ -69,31 +73,50 @@ def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT
         return jax_ffi.topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=topk, sorted=sorted)
     _arrays.check_tensor(q, _arrays.ARG_NAMES[0])
     topk = checked_topk(topk)
-    batch = q.shape[0] if len(q.shape) else 0
-    out = _arrays.empty_like_framework(q, (batch, topk), "int32")
+    out = _arrays.empty_like_framework(q, _arrays.output_shape(q.shape, topk), "int32")
     call(q, k_cache, weights, seq_lens, block_table, out, sorted=sorted, validate=validate)
     return out
 
 
 def validate_pages(k_cache, seq_lens, block_table) -> None:
     """Raise ValueError for what the kernels would otherwise mask: negative or too-long lengths
-    and page ids outside ``[0, num_pages)`` among the pages a row uses."""
+    and page ids outside ``[0, num_pages)`` among the pages a row uses.
+
+    seq_lens is ``[B]`` (each row's length: its last query sees the whole row, docs/contract.md §7)
+    or ``[B, N]`` (each query's own length, every entry checked; a row uses the pages of its longest
+    query)."""
     lens = _arrays.to_numpy(seq_lens).astype(np.int64)
     table = _arrays.to_numpy(block_table).astype(np.int64)
-    num_pages = int(k_cache.shape[0])
-    if table.ndim != 2 or lens.ndim != 1 or lens.shape[0] != table.shape[0]:
-        raise ValueError(f"seq_lens [B] and block_table [B, max_num_pages] disagree: "
+    if table.ndim != 2 or lens.ndim not in (1, 2) or lens.shape[0] != table.shape[0]:
+        raise ValueError(f"seq_lens [B] or [B, N] and block_table [B, max_num_pages] disagree: "
                          f"{list(lens.shape)} vs {list(table.shape)}")
-    capacity = table.shape[1] * PAGE_TOKENS
-    for b, n in enumerate(lens):
-        if n < 0:
-            raise ValueError(f"seq_lens[{b}] = {n} is negative")
-        if n > capacity:
-            raise ValueError(f"seq_lens[{b}] = {n} exceeds block_table's capacity of {capacity} tokens "
-                             f"({table.shape[1]} pages of {PAGE_TOKENS})")
+    _check_lengths(lens, table.shape[1])
+    num_pages = int(k_cache.shape[0])
+    for b in range(lens.shape[0]):
+        row = lens[b].reshape(-1)
+        longest = int(np.argmax(row)) if row.size else 0
+        n = int(row[longest]) if row.size else 0
         used = table[b, : (n + PAGE_TOKENS - 1) // PAGE_TOKENS]
         bad = np.nonzero((used < 0) | (used >= num_pages))[0]
         if bad.size:
             j = int(bad[0])
+            entry = _entry_name(b, (longest,) if lens.ndim == 2 else ())
             raise ValueError(f"block_table[{b}, {j}] = {int(used[j])} is not a page id in [0, {num_pages}) "
-                             f"and row {b} uses it (seq_lens[{b}] = {n})")
+                             f"and row {b} uses it ({entry} = {n})")
+
+
+def _entry_name(b: int, query_index: tuple) -> str:
+    """seq_lens[b] or seq_lens[b, j]."""
+    return f"seq_lens[{', '.join(str(int(i)) for i in (b, *query_index))}]"
+
+
+def _check_lengths(lens: np.ndarray, max_pages: int) -> None:
+    """Every length in [0, max_pages * 64], or ValueError naming the first entry that is not."""
+    capacity = max_pages * PAGE_TOKENS
+    for bad, what in ((lens < 0, "is negative"),
+                      (lens > capacity, f"exceeds block_table's capacity of {capacity} tokens "
+                                        f"({max_pages} pages of {PAGE_TOKENS})")):
+        where = np.argwhere(bad)
+        if where.size:
+            index = tuple(int(i) for i in where[0])
+            raise ValueError(f"{_entry_name(index[0], index[1:])} = {int(lens[index])} {what}")

@@ -8,7 +8,10 @@ from ._ffi_api import cpu_module
 
 _CONSTANTS = {str(k): int(v) for k, v in cpu_module()["contract_constants"]().items()}
 
-NUM_HEADS: int = _CONSTANTS["num_heads"]            # H: index heads per query row
+NUM_HEADS: int = _CONSTANTS["num_heads"]            # H: index heads per query token (the reference op's)
+NUM_HEADS_NARROW: int = _CONSTANTS["num_heads_narrow"]  # the other H the op accepts
+SUPPORTED_HEADS: tuple[int, ...] = (NUM_HEADS_NARROW, NUM_HEADS)
+MAX_QUERIES: int = _CONSTANTS["max_queries"]        # N: query tokens per row (MTP), 1..MAX_QUERIES
 HEAD_DIM: int = _CONSTANTS["head_dim"]              # D: fp8 values per head and per key token
 PAGE_TOKENS: int = _CONSTANTS["page_tokens"]        # tokens per cache page
 TOKEN_BYTES: int = _CONSTANTS["token_bytes"]        # a token's share of a page: D fp8 bytes + a float32 scale
@@ -17,5 +20,5 @@ PAGE_BYTES: int = _CONSTANTS["page_bytes"]          # ... then its PAGE_TOKENS f
 MAX_TOPK: int = _CONSTANTS["max_topk"]              # the largest K (output width) any path accepts
 DEFAULT_TOPK: int = MAX_TOPK                        # the K of the reference op (DeepSeek's 2048)
 
-__all__ = ["NUM_HEADS", "HEAD_DIM", "PAGE_TOKENS", "TOKEN_BYTES", "PAGE_FP8_BYTES", "PAGE_BYTES", "MAX_TOPK",
+__all__ = ["NUM_HEADS", "NUM_HEADS_NARROW", "SUPPORTED_HEADS", "MAX_QUERIES", "HEAD_DIM", "PAGE_TOKENS", "TOKEN_BYTES", "PAGE_FP8_BYTES", "PAGE_BYTES", "MAX_TOPK",
            "DEFAULT_TOPK"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from ._arrays import to_numpy
+from ._arrays import output_shape, to_numpy
 from .contract import DEFAULT_TOPK, PAGE_TOKENS
 from .kv_cache import unpack_k_cache
 
@@ -32,29 +32,43 @@ class RowScores:
     magnitude: float = 0.0
 
 
+def visible_lengths(seq_lens, queries: int, max_pages: int) -> np.ndarray:
+    """Tokens each query row sees, ``[B * N]`` int64 (docs/contract.md §7): with seq_lens ``[B]``
+    query j of row b sees ``seq_lens[b] - (N - 1 - j)``, with ``[B, N]`` its own entry; then clamped
+    to ``[0, max_pages * 64]`` like any length."""
+    lens = np.asarray(seq_lens, dtype=np.int64)
+    if lens.ndim == 1:
+        lens = lens[:, None] - (queries - 1 - np.arange(queries))[None, :]
+    return np.clip(lens, 0, max_pages * PAGE_TOKENS).reshape(-1)
+
+
 def reference_scores(q, k_cache, weights, seq_lens, block_table, magnitude: bool = True) -> list[RowScores]:
-    """score[t] = sum_h w[h] * relu(sum_d q[h, d] * fp8[t, d] * scale[t]), in float64, per row.
+    """score[t] = sum_h w[h] * relu(sum_d q[h, d] * fp8[t, d] * scale[t]), in float64, one
+    RowScores per query row (query j of row b is query row b * N + j; N = 1 for a rank-3 q).
 
     Tokens on pages outside [0, num_pages) are not candidates; lengths are clamped to
     [0, max_num_pages * 64], exactly as the kernels mask them on the device.
     """
     qf = to_numpy(q).view(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
-    w = to_numpy(weights).astype(np.float64)
-    lens = to_numpy(seq_lens).astype(np.int64)
+    if qf.ndim == 3:
+        qf = qf[:, None]                                           # [B, N = 1, H, D]
+    batch, queries, heads = qf.shape[:3]
+    qf = qf.reshape(batch * queries, heads, qf.shape[-1])  # B = 0 leaves nothing to infer -1 from
+    w = to_numpy(weights).astype(np.float64).reshape(batch * queries, heads)
     table = to_numpy(block_table).astype(np.int64)
     fp8, scale = unpack_k_cache(k_cache)
     num_pages, max_pages = fp8.shape[0], table.shape[1]
+    lens = visible_lengths(to_numpy(seq_lens), queries, max_pages)
 
     rows = []
-    for b in range(qf.shape[0]):
-        n = int(np.clip(lens[b], 0, max_pages * PAGE_TOKENS))
-        t = np.arange(n)
-        page = table[b, t // PAGE_TOKENS]
+    for r in range(batch * queries):
+        t = np.arange(lens[r])
+        page = table[r // queries, t // PAGE_TOKENS]
         slot = t % PAGE_TOKENS
         valid = (page >= 0) & (page < num_pages)
         t, page, slot = t[valid], page[valid], slot[valid]
         keys = fp8[page, slot] * scale[page, slot][:, None]         # scale before relu, as written
-        rows.append(row_scores(keys, qf[b], w[b], t, page * PAGE_TOKENS + slot, magnitude))
+        rows.append(row_scores(keys, qf[r], w[r], t, page * PAGE_TOKENS + slot, magnitude))
     return rows
 
 
@@ -82,8 +96,10 @@ def rank_order(row: RowScores) -> np.ndarray:
 
 
 def reference(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False) -> np.ndarray:
-    """The exact answer under float64 scores, as int32 ``[B, topk]`` (numpy)."""
-    return select_rows(reference_scores(q, k_cache, weights, seq_lens, block_table, magnitude=False), topk, sorted)
+    """The exact answer under float64 scores, as int32 ``[B, topk]`` (numpy), or ``[B, N, topk]``
+    for a rank-4 q."""
+    out = select_rows(reference_scores(q, k_cache, weights, seq_lens, block_table, magnitude=False), topk, sorted)
+    return out.reshape(output_shape(q.shape, topk))
 
 
 def select_rows(rows: list[RowScores], topk: int, sorted: bool = False) -> np.ndarray:
@@ -101,6 +117,7 @@ def check_topk(indices, q, k_cache, weights, seq_lens, block_table, *, sorted: b
                rows: list[RowScores] | None = None, tolerance: float = TOLERANCE,
                magnitude_tolerance: float = MAGNITUDE_TOLERANCE) -> list[str]:
     """Problems found in `indices` under the tolerance rule; an empty list means correct.
+    `indices` is ``[B, K]``, or ``[B, N, K]`` / ``[B * N, K]`` for a rank-4 q: one row per query row.
 
     A row is correct when: the count of -1 is exact and they form the tail; every id belongs to
     the row and appears once; the smallest chosen score is no smaller than the K-th largest
@@ -110,6 +127,7 @@ def check_topk(indices, q, k_cache, weights, seq_lens, block_table, *, sorted: b
     within the tolerance when ``sorted``).
     """
     out = to_numpy(indices).astype(np.int64)
+    out = out.reshape(-1, out.shape[-1]) if out.ndim else out
     rows = rows if rows is not None else reference_scores(q, k_cache, weights, seq_lens, block_table)
     problems: list[str] = []
     topk = out.shape[1]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from ._arrays import output_shape
 from .contract import HEAD_DIM, NUM_HEADS, PAGE_FP8_BYTES, PAGE_TOKENS
 from .kv_cache import pack_k_cache
 
@@ -23,10 +24,10 @@ MODEL_TABLE_PAGES = 163840 // PAGE_TOKENS
 
 @dataclass
 class Batch:
-    q: np.ndarray            # [B, 64, 128] uint8 (fp8 bytes)
+    q: np.ndarray            # [B, H, 128] uint8 (fp8 bytes), or [B, N, H, 128] with queries per row
     k_cache: np.ndarray      # [num_pages, 64, 1, 132] int8
-    weights: np.ndarray      # [B, 64] float32
-    seq_lens: np.ndarray     # [B] int32
+    weights: np.ndarray      # [B, H] float32, or [B, N, H]
+    seq_lens: np.ndarray     # [B] int32 (with N queries: the row's length), or [B, N]
     block_table: np.ndarray  # [B, max_pages] int32
 
     def args(self):
@@ -46,7 +47,18 @@ class Batch:
 
     @property
     def tokens(self) -> int:
-        return int(np.clip(self.seq_lens, 0, None).sum())
+        """Context tokens of the batch's rows (a row's N queries share its tokens)."""
+        lens = np.clip(self.seq_lens, 0, None)
+        return int((lens.max(axis=1) if lens.ndim == 2 else lens).sum())
+
+    @property
+    def queries(self) -> int | None:
+        """N, query tokens per row, for a rank-4 q; None for the rank-3 form."""
+        return int(self.q.shape[1]) if self.q.ndim == 4 else None
+
+    def output_shape(self, topk: int) -> tuple[int, ...]:
+        """[B, K], or [B, N, K] for a rank-4 q (ffi_dsa._arrays.output_shape)."""
+        return output_shape(self.q.shape, topk)
 
 
 def page_layout(seq_lens, spare_pages: int = 0, max_pages: int | None = None) -> tuple[np.ndarray, int, int]:
@@ -59,11 +71,19 @@ def page_layout(seq_lens, spare_pages: int = 0, max_pages: int | None = None) ->
 
 
 def make_batch(seq_lens, *, seed: int = 0, spare_pages: int = 0, max_pages: int | None = None,
-               scale_range=(0.5, 1.5)) -> Batch:
-    """A batch with the given row lengths; pages are drawn without replacement from a shuffled pool."""
+               scale_range=(0.5, 1.5), queries: int | None = None, heads: int = NUM_HEADS) -> Batch:
+    """A batch with the given row lengths; pages are drawn without replacement from a shuffled pool.
+
+    ``queries=N`` gives the multi-token form (docs/contract.md §7): q ``[B, N, H, 128]`` and weights
+    ``[B, N, H]``. ``seq_lens`` ``[B]`` are the rows' lengths (causal offsets); ``[B, N]`` are the
+    queries' own lengths (the row gets pages for the longest). ``heads`` is H (64 or 32).
+    """
     rng = np.random.default_rng(seed)
     seq_lens = np.asarray(seq_lens, dtype=np.int32)
-    pages_per_row, max_pages, num_pages = page_layout(seq_lens, spare_pages, max_pages)
+    if seq_lens.ndim == 2 and queries is None:
+        raise ValueError("seq_lens [B, N] needs queries=N")
+    row_lens = seq_lens.max(axis=1, initial=0) if seq_lens.ndim == 2 else seq_lens
+    pages_per_row, max_pages, num_pages = page_layout(row_lens, spare_pages, max_pages)
 
     keys = rng.standard_normal((num_pages, PAGE_TOKENS, HEAD_DIM), dtype=np.float32)
     k_cache = pack_k_cache(keys)
@@ -71,9 +91,10 @@ def make_batch(seq_lens, *, seed: int = 0, spare_pages: int = 0, max_pages: int 
         scales = k_cache.view(np.uint8).reshape(num_pages, -1)[:, PAGE_FP8_BYTES:].view("<f4")
         scales[:] = rng.uniform(*scale_range, size=scales.shape).astype(np.float32)
 
-    q = rng.standard_normal((len(seq_lens), NUM_HEADS, HEAD_DIM), dtype=np.float32)
+    query_dims = (len(seq_lens),) if queries is None else (len(seq_lens), queries)
+    q = rng.standard_normal((*query_dims, heads, HEAD_DIM), dtype=np.float32)
     q = q.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
-    weights = rng.standard_normal((len(seq_lens), NUM_HEADS), dtype=np.float32)
+    weights = rng.standard_normal((*query_dims, heads), dtype=np.float32)
 
     pool = rng.permutation(num_pages).astype(np.int32)
     block_table = np.full((len(seq_lens), max_pages), -1, dtype=np.int32)

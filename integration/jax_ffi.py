@@ -30,7 +30,7 @@ import jax_tvm_ffi
 import tvm_ffi
 
 from .. import _ffi_api
-from .._arrays import ARG_NAMES
+from .._arrays import ARG_NAMES, output_shape
 from ..api import checked_topk
 from ..contract import DEFAULT_TOPK
 from .jax_sharding import batch_partitioned
@@ -87,18 +87,16 @@ def _dtype_arg(name: str, dtype) -> tvm_ffi.dtype:
 def check_shapes(shapes: tuple, dtypes: tuple, topk: int) -> None:
     """Run the kernel's own C++ argument checks on shapes and dtypes (cached for valid inputs)."""
     checked_topk(topk)  # not a tensor shape yet, so C++ cannot see it
-    batch = shapes[0][0] if shapes[0] else 0
     args = []
     for name, shape, dtype in zip(ARG_NAMES, shapes, dtypes):  # (the inputs: zip stops before the output)
         args += [shape, _dtype_arg(name, dtype)]
-    _ffi_api.cpu_module()["check_shapes"](*args, (batch, topk), tvm_ffi.dtype("int32"))
+    _ffi_api.cpu_module()["check_shapes"](*args, output_shape(shapes[0], topk), tvm_ffi.dtype("int32"))
 
 
 def _ffi_topk(q, k_cache, weights, seq_lens, block_table, *, topk: int, sorted: bool):
-    batch = q.shape[0]
     call = jax.ffi.ffi_call(
         TARGET,
-        jax.ShapeDtypeStruct((batch, topk), jnp.int32),
+        jax.ShapeDtypeStruct(output_shape(q.shape, topk), jnp.int32),
         # Only reached if the raw primitive is vmapped outside the custom_vmap rule below.
         vmap_method="sequential",
     )
@@ -137,13 +135,15 @@ def _batched_op(topk: int, sorted: bool):
                               (rows[0], k_cache, rows[1], rows[2], rows[3]))
             return out, True
 
-        def fold(x, batched):  # [N, B, ...] -> [N * B, ...]
+        # [V, B, ...] -> [V * B, ...]: every per-row form folds alike (weights [V, B * N, H] becomes
+        # [V * B * N, H], row-major like q's [V * B, N, ...]).
+        def fold(x, batched):
             x = lead(x, batched)
             return x.reshape((-1, *x.shape[2:]))
 
         batch = q.shape[1] if q_b else q.shape[0]
         out = op(fold(q, q_b), k_cache, fold(weights, w_b), fold(seq_lens, s_b), fold(block_table, t_b))
-        return out.reshape(axis_size, batch, topk), True
+        return out.reshape(axis_size, batch, *out.shape[1:]), True
 
     # jit: an eager call then reuses one compiled executable per shape (about half the overhead of
     # binding custom_vmap eagerly); inside a caller's jit this simply inlines.
@@ -151,7 +151,8 @@ def _batched_op(topk: int, sorted: bool):
 
 
 def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False):
-    """int32 ``[B, topk]``: the top-K token ids of each row (SPEC.md), as a JAX array.
+    """int32 ``[B, topk]``: the top-K token ids of each row (docs/contract.md), as a JAX array;
+    ``[B, N, topk]`` for a rank-4 q ``[B, N, H, 128]`` (N query tokens per row, §7).
 
     Works eagerly and inside ``jax.jit`` (``topk`` and ``sorted`` must be static there),
     ``jax.vmap`` and ``jax.shard_map``; a jit over several devices keeps the batch sharding of the

@@ -21,6 +21,10 @@ one local call per device on its own rows, with the whole (replicated) cache:
   length 0 so they cost nothing, and the padded rows never reach the result.
 * Replicated batch operands: every device runs the whole batch (the rule never gathers; it only
   keeps what the operands have).
+* Several query tokens per row (q ``[B, N, H, 128]``, docs/contract.md §7): the split is still over
+  B only; N, H and the N of seq_lens ``[B, N]`` are replicated like any other dimension. Weights in
+  their ``[B * N, H]`` form have no B dimension, so such a call runs whole on every device; the
+  ``[B, N, H]`` form (the same bytes) keeps the split.
 
 Shardy (JAX's default partitioner) uses the ``sharding_rule``; the older GSPMD partitioner uses
 ``infer_sharding_from_operands``. Both end in ``_partition``, which picks the local call.
@@ -107,6 +111,7 @@ def batch_partitioned(local_call):
             # The rows XLA pads the last shards with may hold any values: length 0 makes them free
             # and keeps the kernel off whatever page ids they hold.
             row = jax.lax.axis_index(names) * per_shard + jnp.arange(per_shard, dtype=jnp.int32)
+            row = row.reshape(per_shard, *([1] * (seq_lens.ndim - 1)))  # seq_lens [B] or [B, N]
             seq_lens = jnp.where(row < batch, seq_lens, 0).astype(seq_lens.dtype)
             return local_call(q, k_cache, weights, seq_lens, block_table)
 
@@ -128,8 +133,9 @@ def pad_rows(q, weights, seq_lens, block_table, multiple: int):
     if extra == 0:
         return q, weights, seq_lens, block_table
 
-    def pad(x):
-        return jnp.concatenate([x, jnp.zeros((extra, *x.shape[1:]), x.dtype)])
+    def pad(x):  # dim 0 holds a whole number of entries per row (N of them for weights [B * N, H])
+        rows = extra * (x.shape[0] // batch)
+        return jnp.concatenate([x, jnp.zeros((rows, *x.shape[1:]), x.dtype)])
 
     return pad(q), pad(weights), pad(seq_lens), pad(block_table)
 

@@ -4,6 +4,10 @@ and ``torch.ops.dsa.topk_indexer_out`` (destination-passing, mutates ``topk_indi
     torch.ops.dsa.topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=2048, sorted=False) -> Tensor
     torch.ops.dsa.topk_indexer_out(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted=False) -> ()
 
+The functional op returns ``[B, topk]`` for q ``[B, H, 128]`` and ``[B, N, topk]`` for q
+``[B, N, H, 128]`` (N query tokens per row, docs/contract.md §7); the out variant takes either
+output form the contract allows.
+
 Both have fake (meta) kernels, so they trace under ``torch.compile(fullgraph=True)`` (also with
 ``dynamic=True``), pass ``torch.library.opcheck``, and run inside ``torch.cuda.CUDAGraph`` capture:
 the kernel never syncs with the host, tvm-ffi launches it on torch's current stream (it reads the
@@ -40,7 +44,7 @@ from __future__ import annotations
 import torch
 
 from .. import _ffi_api
-from .._arrays import ARG_NAMES, named_argument_error
+from .._arrays import ARG_NAMES, named_argument_error, output_shape
 from ..api import checked_topk
 from ..contract import DEFAULT_TOPK
 
@@ -55,11 +59,6 @@ _SCHEMA_OUT = (
     "Tensor(a!) topk_indices, bool sorted=False) -> ()"
 )
 
-def _batch(q: torch.Tensor):
-    # A q of the wrong rank still gets an output shape here; the C++ check then names the problem.
-    return q.shape[0] if q.dim() else 0
-
-
 # ---- real kernels (CPU and CUDA dispatch keys) ------------------------------------------------
 
 # The two kernels are on the eager hot path: kept flat (every Python call here costs ~0.1 us).
@@ -69,7 +68,7 @@ def _topk_indexer_kernel(q, k_cache, weights, seq_lens, block_table, topk=DEFAUL
     # The dispatcher lets None through for a Tensor argument: named here, off the hot path.
     try:
         device = q.device
-        out = torch.empty((q.shape[0] if q.dim() else 0, topk), dtype=torch.int32, device=device)
+        out = torch.empty(output_shape(q.shape, topk), dtype=torch.int32, device=device)
         # Dispatch on q's device: a mismatched argument reaches the C++ placement check (ValueError)
         # instead of the dispatcher picking a kernel from whichever tensor has the "highest" device.
         _ffi_api.topk_indexer_for(device.type)(q, k_cache, weights, seq_lens, block_table, out, sorted)
@@ -102,7 +101,7 @@ def _topk_indexer_fake(q, k_cache, weights, seq_lens, block_table, topk=DEFAULT_
     if isinstance(topk, int):
         checked_topk(topk)
     _same_device((q, k_cache, weights, seq_lens, block_table))
-    return q.new_empty((_batch(q), topk), dtype=torch.int32)
+    return q.new_empty(output_shape(q.shape, topk), dtype=torch.int32)
 
 
 def _topk_indexer_out_fake(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted=False):
@@ -141,12 +140,14 @@ topk_indexer_out_op = torch.ops.dsa.topk_indexer_out.default
 
 
 def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False):
-    """``torch.ops.dsa.topk_indexer`` (functional): int32 ``[B, topk]`` on q's device."""
+    """``torch.ops.dsa.topk_indexer`` (functional): int32 ``[B, topk]`` on q's device, ``[B, N, topk]``
+    for a rank-4 q (several query tokens per row, docs/contract.md §7)."""
     return topk_indexer_op(q, k_cache, weights, seq_lens, block_table, topk, sorted)
 
 
 def topk_indexer_out(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool = False) -> None:
-    """``torch.ops.dsa.topk_indexer_out`` (DPS): writes ``topk_indices`` in place."""
+    """``torch.ops.dsa.topk_indexer_out`` (DPS): writes ``topk_indices`` (``[B, K]``; for a rank-4 q
+    ``[B, N, K]`` or ``[B * N, K]``) in place."""
     topk_indexer_out_op(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted)
 
 

@@ -1,6 +1,7 @@
 """torch on several devices: one call per rank with ``torch.distributed``, each rank on its own device.
 
     python -m ffi_dsa.integration.torch_ranks [--world-size 2] [--device cpu|cuda] [--batch-sizes 8,7,1]
+                                              [--queries N] [--heads 64|32]
     python integration/torch_ranks.py          # from a source checkout
 
 Data-parallel attention: every rank owns a contiguous slice of the decode batch (its rows' q,
@@ -9,7 +10,8 @@ own device (``cuda:<rank>``, or the CPU) and its current stream. The op needs no
 other ranks: each rank makes one ``torch.ops.dsa.topk_indexer`` call on its rows, of any count
 (a B that does not divide by the world size gives ranks one row more or less; a rank with no rows
 makes a call with B = 0). Rows are independent, so the ranks' results, put back in row order, are
-the single-process call's bytes on the same device type.
+the single-process call's bytes on the same device type. With N query tokens per row (q
+``[B, N, H, 128]``, docs/contract.md §7) a rank's rows carry their N queries: the split stays over B.
 
 Here every rank builds the same pool and takes its rows out of it; the all-gather to rank 0 exists
 only to check the result against the single-process call (a serving engine keeps each rank's ids
@@ -35,7 +37,7 @@ except ImportError:  # run as a script from a source checkout
     import ffi_dsa
 
 from ffi_dsa.integration import torch_op  # noqa: F401  (registers torch.ops.dsa.*)
-from ffi_dsa.contract import DEFAULT_TOPK
+from ffi_dsa.contract import DEFAULT_TOPK, NUM_HEADS
 from ffi_dsa.workloads import make_batch
 
 
@@ -48,6 +50,12 @@ def rank_rows(batch_size: int, rank: int, world: int) -> slice:
 
 def batch_lens(batch_size: int, seed: int) -> list[int]:
     return [int(x) for x in np.random.default_rng(seed).integers(0, 3000, size=batch_size)]
+
+
+def rank_batch(batch_size: int, seed: int, queries: int | None = None, heads: int = NUM_HEADS):
+    """The batch every rank (and the single-process check) builds for one batch size; ``queries=N``
+    gives q ``[B, N, H, 128]`` and weights ``[B, N, H]``, whose row slices are a rank's rows."""
+    return make_batch(batch_lens(batch_size, seed), seed=seed, spare_pages=3, queries=queries, heads=heads)
 
 
 def rank_device(rank: int, device_type: str) -> torch.device:
@@ -69,7 +77,7 @@ def gather_rows(local: torch.Tensor, batch_size: int, world: int) -> torch.Tenso
     """Every rank's rows back in row order (ranks hold different row counts: padded to the
     largest for the all-gather, then trimmed)."""
     most = rank_rows(batch_size, 0, world).stop
-    padded = torch.full((most, local.shape[1]), -1, dtype=local.dtype, device=local.device)
+    padded = torch.full((most, *local.shape[1:]), -1, dtype=local.dtype, device=local.device)
     padded[:local.shape[0]] = local
     parts = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(parts, padded)
@@ -78,14 +86,14 @@ def gather_rows(local: torch.Tensor, batch_size: int, world: int) -> torch.Tenso
 
 
 def run_rank(rank: int, world: int, init_file: str, device_type: str, batch_sizes, seed: int, topk: int,
-             out_path: str | None) -> None:
+             out_path: str | None, queries: int | None = None, heads: int = NUM_HEADS) -> None:
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo", init_method=f"file://{init_file}",
                             rank=rank, world_size=world)
     try:
         device = rank_device(rank, device_type)
         results = {}
         for i, batch_size in enumerate(batch_sizes):
-            batch = make_batch(batch_lens(batch_size, seed + i), seed=seed + i, spare_pages=3)
+            batch = rank_batch(batch_size, seed + i, queries, heads)
             local = local_topk(batch, rank_rows(batch_size, rank, world), device, topk)
             results[f"batch{i}"] = gather_rows(local, batch_size, world).cpu().numpy()
         if rank == 0 and out_path:
@@ -94,17 +102,19 @@ def run_rank(rank: int, world: int, init_file: str, device_type: str, batch_size
         dist.destroy_process_group()
 
 
-def single_process(batch_size: int, seed: int, topk: int, device="cpu") -> np.ndarray:
+def single_process(batch_size: int, seed: int, topk: int, device="cpu", queries: int | None = None,
+                   heads: int = NUM_HEADS) -> np.ndarray:
     """The same batch in one call on one device (what the ranks must reproduce)."""
-    batch = make_batch(batch_lens(batch_size, seed), seed=seed, spare_pages=3)
+    batch = rank_batch(batch_size, seed, queries, heads)
     return torch.ops.dsa.topk_indexer(*batch.to_torch(device), topk=topk).cpu().numpy()
 
 
-def run(world: int, device_type: str, batch_sizes, seed: int, topk: int, out_path: str) -> None:
+def run(world: int, device_type: str, batch_sizes, seed: int, topk: int, out_path: str,
+        queries: int | None = None, heads: int = NUM_HEADS) -> None:
     """Spawn `world` ranks; rank 0 writes every batch size's gathered ids to `out_path` (.npz)."""
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(run_rank, args=(world, str(Path(tmp) / "init"), device_type, tuple(batch_sizes), seed, topk,
-                                 out_path), nprocs=world, join=True)
+                                 out_path, queries, heads), nprocs=world, join=True)
 
 
 def main(argv=None) -> int:
@@ -114,6 +124,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-sizes", default="8,7,1", help="comma-separated; each is one call per rank")
     parser.add_argument("--topk", type=int, default=DEFAULT_TOPK)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--queries", type=int, help="N query tokens per row: q [B, N, H, 128] "
+                                                    "(default: q [B, H, 128])")
+    parser.add_argument("--heads", type=int, default=NUM_HEADS, help="H, index heads")
     parser.add_argument("--out", help="also keep the gathered ids here (.npz: batch0, batch1, ... "
                                       "in --batch-sizes order)")
     args = parser.parse_args(argv)
@@ -122,12 +135,12 @@ def main(argv=None) -> int:
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or str(Path(tmp) / "ids.npz")
-        run(args.world_size, args.device, sizes, args.seed, args.topk, out)
+        run(args.world_size, args.device, sizes, args.seed, args.topk, out, args.queries, args.heads)
         got = np.load(out)
         ok = True
         for i, batch_size in enumerate(sizes):
             same = np.array_equal(got[f"batch{i}"], single_process(batch_size, args.seed + i, args.topk,
-                                                                       args.device))
+                                                                       args.device, args.queries, args.heads))
             ok &= same
             print(f"B={batch_size} over {args.world_size} ranks ({args.device}): "
                   f"{'same bytes as one process' if same else 'DIFFERENT from one process'}")

@@ -11,6 +11,9 @@
     vm = tvm_relax.build(mod, device=tvm.cpu())
     idx = vm["main"](q, k_cache, weights, seq_lens, block_table)   # tvm.runtime.Tensor [B, 2048] int32
 
+    # N query tokens per row (q [B, N, H, 128]): the same program with out_ty R.Tensor((b, n, 2048))
+    vm4 = tvm_relax.build(tvm_relax.indexer_module(topk=2048, q_rank=4), device=tvm.cpu())
+
 Relax passes DPS arguments as (inputs..., output) with no room for a scalar after the output, so
 each ordering gets its own global: ``ffi_dsa.topk_indexer`` (ascending token position, the default)
 and ``ffi_dsa.topk_indexer_sorted`` (descending score). They forward to the compiled tvm-ffi
@@ -26,6 +29,7 @@ import threading
 import tvm_ffi
 
 from .. import _ffi_api
+from .._arrays import output_shape
 from ..api import checked_topk
 from ..contract import DEFAULT_TOPK
 
@@ -57,22 +61,28 @@ def register_global_funcs() -> None:
         _registered = True
 
 
-def indexer_module(topk: int = DEFAULT_TOPK, sorted: bool = False):
+_Q_DIMS = {3: ("b", "h", "d"), 4: ("b", "n", "h", "d")}  # q [B, H, 128], or [B, N, H, 128] (§7)
+
+
+def indexer_module(topk: int = DEFAULT_TOPK, sorted: bool = False, q_rank: int = 3):
     """A Relax IRModule whose ``main(q, k_cache, weights, seq_lens, block_table)`` returns the
-    int32 ``[b, topk]`` top-K ids through ``R.call_dps_packed``.
+    int32 top-K ids through ``R.call_dps_packed``: ``[b, topk]`` for q ``[b, h, d]``, or with
+    ``q_rank=4`` (N query tokens per row, docs/contract.md §7) ``[b, n, topk]`` for q ``[b, n, h, d]``.
 
     The parameters are declared loosely (symbolic dims, any dtype; only q's rank is fixed, since
-    b comes from it): one build serves every batch and pool size, and a wrong shape or dtype
-    reaches the kernel's own checks, which raise ValueError/TypeError naming the argument,
-    instead of Relax's generic signature-check errors.
+    the output's shape comes from it): one build serves every batch and pool size, and a wrong
+    shape or dtype reaches the kernel's own checks, which raise ValueError/TypeError naming the
+    argument, instead of Relax's generic signature-check errors.
     """
     from tvm import relax, tirx
 
     topk = checked_topk(topk)
+    if q_rank not in _Q_DIMS:
+        raise ValueError(f"q_rank must be 3 (q [B, H, 128]) or 4 (q [B, N, H, 128]), got {q_rank!r}")
     register_global_funcs()
-    b, h, d = (tirx.Var(n, "int64") for n in ("b", "h", "d"))
+    q_dims = [tirx.Var(n, "int64") for n in _Q_DIMS[q_rank]]
     T = relax.TensorType
-    q = relax.Var("q", T([b, h, d], dtype=None))
+    q = relax.Var("q", T(q_dims, dtype=None))
     params = [q] + [relax.Var(n, T(dtype=None, ndim=-1)) for n in ("k_cache", "weights", "seq_lens", "block_table")]
 
     bb = relax.BlockBuilder()
@@ -80,7 +90,7 @@ def indexer_module(topk: int = DEFAULT_TOPK, sorted: bool = False):
         with bb.dataflow():
             out = bb.emit_output(relax.call_dps_packed(
                 GLOBAL_NAME_SORTED if sorted else GLOBAL_NAME, relax.Tuple(params),
-                out_ty=T([b, topk], "int32")))
+                out_ty=T(list(output_shape(q_dims, topk)), "int32")))
         bb.emit_func_output(out)
     return bb.get()
 

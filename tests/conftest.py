@@ -19,6 +19,7 @@ import torch
 import ffi_dsa
 from ffi_dsa.contract import DEFAULT_TOPK as DEFAULT_K
 from ffi_dsa.contract import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_FP8_BYTES, PAGE_TOKENS
+from ffi_dsa._arrays import output_shape
 from ffi_dsa.workloads import Batch, make_batch
 
 SENTINEL = 0x7EEEEEEE      # never a valid id (ids are < num_pages * 64) and never -1
@@ -81,12 +82,13 @@ def assert_all_written(out) -> None:
 
 
 def run_dps(args, topk=DEFAULT_K, *, sorted=False, validate=False) -> np.ndarray:
-    """``ffi_dsa.call`` into a poisoned torch buffer on the arguments' device; returns host int32.
+    """``ffi_dsa.call`` into a poisoned torch buffer on the arguments' device; returns host int32
+    (``[B, K]``, or ``[B, N, K]`` for a rank-4 q).
 
     Checks that every element of the output was written.
     """
     q = args[0]
-    out = poisoned((q.shape[0], topk), q.device)
+    out = poisoned(output_shape(tuple(q.shape), topk), q.device)
     ffi_dsa.call(*args, out, sorted=sorted, validate=validate)
     assert_all_written(out)
     return out.cpu().numpy()
@@ -99,17 +101,22 @@ def assert_valid_topk(out, batch_or_args, *, sorted=False):
     assert problems == [], "\n".join(problems[:10])
 
 
-def call_result(batch: Batch, topk=DEFAULT_K, *, sorted=False, device="cpu") -> np.ndarray:
+def call_result(batch: Batch, topk=DEFAULT_K, *, sorted=False, device="cpu", shape=None) -> np.ndarray:
     """``ffi_dsa.call`` on the batch's inputs on `device` ("cpu": numpy, "cuda": torch tensors), into a
-    poisoned buffer: the bytes every other caller (torch op, JAX, TVM) must reproduce on that device.
-    Across devices the contract promises only the tolerance rule (FP8 tensor cores add differently)."""
+    poisoned buffer of `shape` (default ``batch.output_shape``; ``[B * N, K]`` is the other accepted
+    form), checked to be fully written: the bytes every other caller (torch op, JAX, TVM) must
+    reproduce on that device. Across devices the contract promises only the tolerance rule (FP8
+    tensor cores add differently)."""
+    shape = batch.output_shape(topk) if shape is None else shape
     if device == "cpu":
-        out = poisoned_np((len(batch.seq_lens), topk))
+        out = poisoned_np(shape)
         ffi_dsa.call(*batch.args(), out, sorted=sorted)
-        return out
-    out = poisoned((len(batch.seq_lens), topk), device)
-    ffi_dsa.call(*batch.to_torch(device), out, sorted=sorted)
-    return out.cpu().numpy()
+    else:
+        out = poisoned(shape, device)
+        ffi_dsa.call(*batch.to_torch(device), out, sorted=sorted)
+        out = out.cpu().numpy()
+    assert_all_written(out)
+    return out
 
 
 def assert_same_as_call(got: np.ndarray, batch: Batch, topk=DEFAULT_K, *, sorted=False, device="cpu") -> None:
@@ -120,16 +127,20 @@ def assert_same_as_call(got: np.ndarray, batch: Batch, topk=DEFAULT_K, *, sorted
     assert ffi_dsa.check_topk(got, *batch.args(), sorted=sorted) == []
 
 
-def assert_exact(out, batch: Batch, topk=DEFAULT_K, *, sorted=False):
-    """Byte-exact agreement with the float64 reference (only meaningful on exact-score data)."""
+def assert_exact(out, batch: Batch, topk=DEFAULT_K, *, sorted=False, name=""):
+    """Byte-exact agreement with the float64 reference (only meaningful on exact-score data), in the
+    output shape of the batch's q; `out` may be numpy, torch (any device) or JAX; `name` prefixes
+    the failure message."""
     expected = ffi_dsa.reference(*batch.args(), topk=topk, sorted=sorted)
-    out = np.asarray(out)
-    assert out.dtype == np.int32 and out.shape == expected.shape
+    out = out.cpu().numpy() if isinstance(out, torch.Tensor) else np.asarray(out)
+    assert out.dtype == np.int32, f"{name}: dtype {out.dtype}"
+    assert out.shape == expected.shape, f"{name}: shape {out.shape}, expected {expected.shape}"
     if not np.array_equal(out, expected):
+        out, expected = out.reshape(-1, topk), expected.reshape(-1, topk)  # one row per query row
         rows = np.nonzero((out != expected).any(axis=1))[0]
         b = int(rows[0])
         col = int(np.argmax(out[b] != expected[b]))
-        raise AssertionError(f"rows {rows.tolist()[:8]} differ from the reference; row {b} first differs at "
+        raise AssertionError(f"{name}: rows {rows.tolist()[:8]} differ from the reference; row {b} first differs at "
                              f"column {col}: got {out[b, col:col + 6].tolist()}, "
                              f"expected {expected[b, col:col + 6].tolist()}")
 
@@ -191,24 +202,24 @@ def set_token(batch: Batch, b: int, t: int, key=None, scale=None, raw=None) -> i
 
 def make_exact_batch(seq_lens, *, seed: int, q_values=(-2, -1, 0, 1, 2), k_values=(-2, -1, 0, 1, 2),
                      w_values=(-2, -1, 1, 2), active_dims: int = HEAD_DIM, spare_pages: int = 0,
-                     max_pages: int | None = None) -> Batch:
+                     max_pages: int | None = None, queries: int | None = None, heads: int = NUM_HEADS) -> Batch:
     """A batch whose scores are exact in float32 whatever the accumulation order.
 
     q, k and weights are small integers (exactly representable in fp8 / float32), only the first
     `active_dims` dims of q and k are non-zero, and every scale is 1.0. With |q|, |k|, |w| <= 2:
     |logit| <= 128 * 4 = 512 and |score| <= 64 * 2 * 512 = 65536 < 2**24, so every partial sum is an
     integer float32 represents exactly. Pages are a shuffled pool, so global-id order differs from
-    position order.
+    position order. ``queries`` and ``heads`` as in ``make_batch`` (docs/contract.md §7).
     """
-    batch = make_batch(seq_lens, seed=seed, spare_pages=spare_pages, max_pages=max_pages, scale_range=None)
+    batch = make_batch(seq_lens, seed=seed, spare_pages=spare_pages, max_pages=max_pages, scale_range=None,
+                       queries=queries, heads=heads)
     rng = np.random.default_rng(seed + 1_000_003)
-    B = batch.q.shape[0]
     num_pages = batch.k_cache.shape[0]
 
-    q = rng.choice(np.asarray(q_values, np.float32), size=(B, NUM_HEADS, HEAD_DIM))
+    q = rng.choice(np.asarray(q_values, np.float32), size=batch.q.shape)
     q[..., active_dims:] = 0
     batch.q[...] = fp8_bytes(q)
-    batch.weights[...] = rng.choice(np.asarray(w_values, np.float32), size=(B, NUM_HEADS))
+    batch.weights[...] = rng.choice(np.asarray(w_values, np.float32), size=batch.weights.shape)
 
     k = rng.choice(np.asarray(k_values, np.float32), size=(num_pages, PAGE_TOKENS, HEAD_DIM))
     k[..., active_dims:] = 0

@@ -86,15 +86,18 @@ CASES = [
     ("out_uint8", "out", lambda a: _poisoned_like(a["out"], torch.uint8), TypeError),
     # --- wrong rank: ValueError ---
     ("q_rank2", "q", lambda a: a["q"][0], ValueError),
-    ("q_rank4", "q", lambda a: a["q"][None], ValueError),
+    ("q_rank5", "q", lambda a: a["q"][None, None], ValueError),
     ("k_rank3", "k", lambda a: a["k"].reshape(-1, 64, 132), ValueError),
     ("weights_rank1", "w", lambda a: a["w"].reshape(-1), ValueError),
-    ("weights_rank3", "w", lambda a: a["w"][..., None], ValueError),
-    ("seq_lens_rank2", "lens", lambda a: a["lens"][:, None], ValueError),
+    ("weights_rank3", "w", lambda a: a["w"][..., None], ValueError),  # [B, N=64, H=1] for N = 1
+    ("weights_rank4", "w", lambda a: a["w"][..., None, None], ValueError),
+    ("seq_lens_rank2_N2", "lens", lambda a: a["lens"][:, None].repeat(1, 2), ValueError),  # [B, 2] for N = 1
+    ("seq_lens_rank3", "lens", lambda a: a["lens"][:, None, None], ValueError),
     ("seq_lens_rank0", "lens", lambda a: a["lens"][0], ValueError),
     ("block_table_rank1", "table", lambda a: a["table"].reshape(-1), ValueError),
     ("out_rank1", "out", lambda a: _poisoned_like(a["out"], shape=(B * K,)), ValueError),
-    ("out_rank3", "out", lambda a: _poisoned_like(a["out"], shape=(B, K, 1)), ValueError),
+    ("out_rank3", "out", lambda a: _poisoned_like(a["out"], shape=(B, K, 1)), ValueError),  # [B, N=K, 1] for N = 1
+    ("out_rank4", "out", lambda a: _poisoned_like(a["out"], shape=(B, 1, K, 1)), ValueError),
     # --- wrong shape: ValueError ---
     ("q_H63", "q", lambda a: a["q"][:, :63].contiguous(), ValueError),
     ("q_H65", "q", lambda a: torch.cat([a["q"].view(torch.uint8), a["q"].view(torch.uint8)[:, :1]], 1)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import ffi_dsa
+from ffi_dsa.contract import NUM_HEADS
 from ffi_dsa.workloads import make_batch
 
 from conftest import (
@@ -24,6 +25,7 @@ from conftest import (
     poisoned_np,
     run_dps,
 )
+from mtp_batches import FORMS, Form, mtp_batch, query_rows_shape
 
 
 def _numpy_forms(batch):
@@ -189,3 +191,49 @@ def test_read_only_numpy_inputs_work_and_a_read_only_output_is_refused():
     with pytest.raises(ValueError, match="topk_indices"):
         ffi_dsa.call(*batch.args(), frozen)
     assert (frozen == -7).all()
+
+
+# ---- several query tokens per row (MTP) and 32 heads: docs/contract.md §7 ---------------------
+
+@pytest.mark.parametrize("form", FORMS)
+def test_mtp_numpy_and_torch_forms_agree_with_the_reference(device, form):
+    """Every dtype form of q and the cache, numpy (CPU) and torch, either output form ([B, N, K] and
+    [B * N, K]) and either weights form ([B, N, H] and [B * N, H]): the reference's bytes."""
+    batch = mtp_batch(form, seed=80)
+    forms = dict(_torch_forms(batch, device))
+    if device == "cpu":
+        forms.update(_numpy_forms(batch))
+    q, k, w, lens, table = batch.to_torch(device)
+    forms["torch_weights_as_query_rows"] = (q, k, w.reshape(-1, w.shape[-1]), lens, table)
+    for name, args in forms.items():
+        for shape in (batch.output_shape(DEFAULT_K), query_rows_shape(batch, DEFAULT_K)):
+            out = poisoned(shape, device) if isinstance(args[0], torch.Tensor) else poisoned_np(shape)
+            ffi_dsa.call(*args, out)
+            assert_all_written(out)
+            got = out.cpu().numpy() if isinstance(out, torch.Tensor) else out
+            assert_exact(got.reshape(batch.output_shape(DEFAULT_K)), batch, DEFAULT_K, name=f"{name} {shape}")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_topk_indexer_allocates_the_mtp_output(device, form):
+    """The allocating form returns [B, N, topk] for a rank-4 q ([B, topk] for rank 3), numpy for
+    numpy and torch for torch, with the reference's bytes."""
+    batch = mtp_batch(form, seed=81)
+    inputs = {"torch": batch.to_torch(device)}
+    if device == "cpu":
+        inputs["numpy"] = batch.args()
+    for name, args in inputs.items():
+        for sorted_ in (False, True):
+            out = ffi_dsa.topk_indexer(*args, topk=100, sorted=sorted_)
+            assert isinstance(out, torch.Tensor if name == "torch" else np.ndarray), name
+            assert tuple(out.shape) == batch.output_shape(100), name
+            assert_exact(out, batch, 100, sorted=sorted_, name=name)
+
+
+def test_mtp_validate_accepts_both_seq_lens_forms():
+    """validate=True checks lengths on the host in either seq_lens form and leaves the result alone."""
+    for form in (Form(2, NUM_HEADS), Form(2, NUM_HEADS, per_query_lens=True)):
+        batch = mtp_batch(form, seed=82)
+        out = poisoned_np(batch.output_shape(32))
+        ffi_dsa.call(*batch.args(), out, validate=True)
+        assert_exact(out, batch, 32, name=form.id)

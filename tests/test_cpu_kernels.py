@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import ffi_dsa
+from ffi_dsa.contract import MAX_QUERIES, NUM_HEADS, NUM_HEADS_NARROW, SUPPORTED_HEADS
 from conftest import (
     FP8,
     assert_exact,
@@ -74,6 +75,29 @@ def test_exact_data_partial_pages_and_masked_pages(cpu_kernel, topk, sorted_):
 
 
 @pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "score_order"])
+@pytest.mark.parametrize("heads", SUPPORTED_HEADS, ids=[f"H{h}" for h in SUPPORTED_HEADS])
+def test_exact_data_query_rows_of_every_length(cpu_kernel, heads, sorted_):
+    """N queries per row, H = 64 and 32 (whose register blocks differ in tokens): per-query lengths
+    that end on every residue of 6- and 12-token blocks, inside and at the end of pages, queries of
+    one row that stop on different pages, 0, and an invalid page only the longest query reaches."""
+    lens = np.array([[1, 5, 6, 7], [11, 12, 13, 0], [63, 64, 65, 60], [379, 130, 1000, 2],
+                     [4100, 4095, 4096, 4000], [0, 0, 0, 0]], np.int32)
+    batch = make_exact_batch(lens, seed=51 + heads, queries=MAX_QUERIES, heads=heads)
+    batch.block_table[4, 64] = -1
+    for topk in (16, 2048):
+        out = run_dps(batch.args(), topk=topk, sorted=sorted_)
+        assert_exact(out, batch, topk=topk, sorted=sorted_)
+
+
+@pytest.mark.parametrize("heads", SUPPORTED_HEADS, ids=[f"H{h}" for h in SUPPORTED_HEADS])
+def test_realistic_query_rows_within_tolerance(cpu_kernel, heads):
+    """Random FP8 data, N = 3 causal queries per row: a valid top-K under the SPEC tolerance."""
+    batch = make_batch([8192, 3001, 700, 2], seed=53 + heads, queries=3, heads=heads)
+    out = run_dps(batch.args(), topk=2048, sorted=True)
+    assert_valid_topk(out, batch, sorted=True)
+
+
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "score_order"])
 def test_cut_among_nan_scores_next_to_masked_tokens(cpu_kernel, sorted_):
     """The K-th best is a NaN score while masked tokens (an invalid page) sit among the NaN ones:
     all real scores win, then the NaN tokens by position, never a masked token."""
@@ -95,9 +119,11 @@ def test_realistic_data_within_tolerance(cpu_kernel, sorted_):
     assert_valid_topk(out, batch, sorted=sorted_)
 
 
-def test_variants_agree_on_exact_data():
+@pytest.mark.parametrize("queries,heads", [(None, NUM_HEADS), (3, NUM_HEADS_NARROW)], ids=["N1_H64", "N3_H32"])
+def test_variants_agree_on_exact_data(queries, heads):
     """The same exact-score batch gives the same bytes under every variant."""
-    batch = make_exact_batch([5000, 777], seed=43, q_values=(0, 1, -1), k_values=(0, 1), w_values=(1, -1))
+    batch = make_exact_batch([5000, 777], seed=43, q_values=(0, 1, -1), k_values=(0, 1), w_values=(1, -1),
+                             queries=queries, heads=heads)
     previous = ffi_dsa.set_cpu_kernel("auto")
     try:
         results = {}

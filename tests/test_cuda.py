@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ffi_dsa
-from ffi_dsa.workloads import make_batch
+from ffi_dsa.workloads import Batch, make_batch
 
 from conftest import (
     DEFAULT_K,
@@ -399,3 +399,84 @@ def test_bad_tuning_setting_is_a_clear_error(variable, value):
     env = dict(os.environ, **{variable: value})
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert "VALUE_ERROR" in result.stdout and variable in result.stdout, result.stdout + result.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# Several queries per row and 32 heads (docs/contract.md §7) on both CUDA paths.
+# ----------------------------------------------------------------------------------------------
+
+def _run_queries(batch, sorted_=False) -> np.ndarray:
+    """ffi_dsa.call on CUDA into a poisoned [B, N, K] (or [B, K]) buffer; every element written."""
+    out = poisoned(batch.output_shape(DEFAULT_K), "cuda")
+    ffi_dsa.call(*batch.to_torch("cuda"), out, sorted=sorted_)
+    assert_all_written(out)
+    return out.cpu().numpy()
+
+
+def _single_query_calls(batch, sorted_=False) -> np.ndarray:
+    """The same answer as N single-query (rank-3) calls, query j with its own prefix length."""
+    queries = batch.queries
+    lens = np.asarray(batch.seq_lens, np.int64)
+    outs = []
+    for j in range(queries):
+        own = lens[:, j] if lens.ndim == 2 else lens - (queries - 1 - j)
+        single = Batch(np.ascontiguousarray(batch.q[:, j]), batch.k_cache, np.ascontiguousarray(batch.weights[:, j]),
+                       np.clip(own, -1, None).astype(np.int32), batch.block_table)  # below 0 counts as 0 either way
+        outs.append(_run_queries(single, sorted_))
+    return np.stack(outs, axis=1)
+
+
+# (queries, heads, longest query for the one-kernel path: N x the table's width of keys and the N
+# query tiles must fit one CTA's shared memory, sm90_fused_rows.cuh)
+QUERY_SHAPES = [(2, 64, 8192), (4, 32, 4096), (3, 64, 4096), (1, 32, 16384), (4, 64, 3200)]
+
+
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+@pytest.mark.parametrize("queries, heads, longest", QUERY_SHAPES, ids=[f"N{n}_H{h}" for n, h, _ in QUERY_SHAPES])
+def test_queries_one_kernel_path(queries, heads, longest, sorted_):
+    """One CTA per row scores each page for the row's N queries and selects each: causal prefixes
+    around K and of 0 and 1 tokens, random page order, invalid page ids (tolerance rule), and the
+    same bytes as N single-query calls."""
+    rows = _one_kernel_batch_size()
+    lens = np.random.default_rng(130 + queries).integers(0, longest + 1, size=rows)
+    lens[:6] = [0, 1, queries, 2048, 2048 + queries - 1, longest]
+    batch = make_batch(lens, seed=130 + queries, queries=queries, heads=heads)
+    batch.block_table[5, 1] = -1
+    batch.block_table[4, 0] = batch.k_cache.shape[0]
+    out = _run_queries(batch, sorted_)
+    assert_valid_topk(out, batch, sorted=sorted_)
+    np.testing.assert_array_equal(out, _single_query_calls(batch, sorted_))
+
+
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+@pytest.mark.parametrize("per_query_lens", [False, True], ids=["causal", "per_query_lens"])
+@pytest.mark.parametrize("queries, heads", [(2, 64), (4, 32), (3, 64)], ids=["N2_H64", "N4_H32", "N3_H64"])
+def test_queries_two_kernel_path(queries, heads, per_query_lens, sorted_):
+    """Long and short rows on the two-kernel path (a row of 40K tokens: a select cluster per query
+    row), with causal or per-query lengths (some longer for an earlier query, some past the block
+    table, some negative): tolerance rule, and the same bytes as N single-query calls."""
+    row_lens = np.array([40000, 9000, 2050, 1, 0, 4096])
+    if per_query_lens:
+        rng = np.random.default_rng(140 + queries)
+        lens = rng.integers(0, 9001, size=(len(row_lens), queries))
+        lens[0, 0], lens[1, -1], lens[2, 0], lens[3, 0] = 40000, 9000, 2049, -4
+    else:
+        lens = row_lens
+    batch = make_batch(lens, seed=140 + queries, queries=queries, heads=heads, max_pages=625)
+    batch.block_table[0, 7] = -3
+    batch.seq_lens[1] = 625 * 64 + 999  # past the block table: cut to it (pages past 9000 tokens are -1)
+    out = _run_queries(batch, sorted_)
+    assert_valid_topk(out, batch, sorted=sorted_)
+    np.testing.assert_array_equal(out, _single_query_calls(batch, sorted_))
+
+
+@pytest.mark.parametrize("path_rows", [3, "one_kernel"], ids=["two_kernels", "one_kernel"])
+def test_rank4_one_query_equals_rank3(path_rows):
+    """q [B, 1, H, 128] with weights [B, 1, H] and output [B, 1, K] gives the rank-3 call's bytes."""
+    rows = _one_kernel_batch_size() if path_rows == "one_kernel" else path_rows
+    lens = np.random.default_rng(150).integers(0, 12000, size=rows)
+    batch = make_batch(lens, seed=150)
+    flat = _run_queries(batch)
+    four = make_batch(lens, seed=150)
+    four.q, four.weights = batch.q[:, None].copy(), batch.weights[:, None].copy()
+    np.testing.assert_array_equal(_run_queries(four)[:, 0], flat)

@@ -17,10 +17,12 @@ pytest.importorskip("jax_tvm_ffi")
 import jax.numpy as jnp  # noqa: E402
 
 import ffi_dsa  # noqa: E402
+from ffi_dsa.contract import MAX_QUERIES, NUM_HEADS, NUM_HEADS_NARROW  # noqa: E402
 from ffi_dsa.integration import jax_ffi  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
 
-from conftest import assert_same_as_call, call_result  # noqa: E402
+from conftest import assert_exact, assert_same_as_call, call_result  # noqa: E402
+from mtp_batches import FORMS, Form, mtp_batch  # noqa: E402
 
 
 def _jax_gpu():
@@ -138,7 +140,8 @@ def test_empty_batch(platform):
     (0, lambda x: x.astype(jnp.complex64), TypeError, "q_index_fp8"),
     (1, lambda x: x[..., :100], ValueError, "k_index_cache_fp8"),
     (4, lambda x: x[:2], ValueError, "block_table"),
-    (3, lambda x: x[:, None], ValueError, "seq_lens must have rank 1"),
+    (3, lambda x: x[:, None, None], ValueError, "seq_lens must have rank 1"),  # [B, 1] is N = 1's [B, N]
+    (3, lambda x: jnp.stack([x] * 2, axis=1), ValueError, "seq_lens dimension 1"),  # [B, 2] for N = 1
 ])
 def test_errors_raise_before_xla(platform, index, edit, error, match):
     args = on(platform, make_batch(LENS, seed=8))
@@ -162,6 +165,91 @@ def test_topk_errors(platform):
 def test_shape_check_is_the_cpp_one():
     """The Python side has no checks of its own: check_shapes forwards to the exported C++."""
     jax_ffi.check_shapes.cache_clear()
-    with pytest.raises(ValueError, match="q_index_fp8 dimension 1 must be 64"):
-        jax_ffi.check_shapes(((2, 63, 128), (3, 64, 1, 132), (2, 64), (2,), (2, 3)),
-                             ("float8_e4m3fn", "int8", "float32", "int32", "int32"), K)
+    dtypes = ("float8_e4m3fn", "int8", "float32", "int32", "int32")
+    heads = rf"\(H, index heads\) must be {NUM_HEADS} or {NUM_HEADS_NARROW}"
+    with pytest.raises(ValueError, match=f"q_index_fp8 dimension 1 {heads}"):
+        jax_ffi.check_shapes(((2, 63, 128), (3, 64, 1, 132), (2, 64), (2,), (2, 3)), dtypes, K)
+    with pytest.raises(ValueError, match=f"q_index_fp8 dimension 2 {heads}"):
+        jax_ffi.check_shapes(((2, 2, 63, 128), (3, 64, 1, 132), (2, 2, 64), (2,), (2, 3)), dtypes, K)
+    n = MAX_QUERIES + 1
+    too_many = rf"q_index_fp8 dimension 1 \(N, query tokens per row\) must be in 1..{MAX_QUERIES}"
+    with pytest.raises(ValueError, match=too_many):
+        jax_ffi.check_shapes(((2, n, 64, 128), (3, 64, 1, 132), (2, n, 64), (2,), (2, 3)), dtypes, K)
+    # the output shape check_shapes hands C++ is the one the call will have: valid MTP shapes pass
+    jax_ffi.check_shapes(((2, 2, 32, 128), (3, 64, 1, 132), (4, 32), (2, 2), (2, 3)), dtypes, K)
+
+
+# ---- several query tokens per row (MTP) and 32 heads: docs/contract.md §7 ---------------------
+
+def torch_platform_result(batch, platform, topk=K, sorted=False):
+    return call_result(batch, topk, sorted=sorted, device=torch_device(platform))
+
+
+@pytest.mark.parametrize("sorted_", [False, True])
+@pytest.mark.parametrize("form", FORMS)
+def test_mtp_eager_and_jit(platform, form, sorted_):
+    """[B, N, K] for a rank-4 q ([B, K] for rank 3), eager and under jit: the bytes of ffi_dsa.call
+    and of the reference."""
+    batch = mtp_batch(form, seed=50)
+    args = on(platform, batch)
+    for name, got in (("eager", jax_ffi.topk_indexer(*args, topk=K, sorted=sorted_)),
+                      ("jit", jitted(*args, topk=K, sorted=sorted_))):
+        assert got.shape == batch.output_shape(K), name
+        np.testing.assert_array_equal(np.asarray(got), torch_platform_result(batch, platform, sorted=sorted_))
+        assert_exact(got, batch, K, sorted=sorted_, name=name)
+
+
+def test_mtp_weights_as_query_rows(platform):
+    """weights [B * N, H] hold the bytes of [B, N, H]: the same result."""
+    batch = mtp_batch(Form(2, NUM_HEADS_NARROW), seed=51)
+    q, k, w, s, bt = on(platform, batch)
+    assert_exact(jitted(q, k, w.reshape(-1, w.shape[-1]), s, bt, topk=K), batch, K)
+
+
+@pytest.mark.parametrize("form", [Form(2, NUM_HEADS), Form(MAX_QUERIES, NUM_HEADS_NARROW, per_query_lens=True)],
+                         ids=lambda f: f.id)
+@pytest.mark.parametrize("weights_rows", [False, True], ids=["weights_BNH", "weights_BxN_H"])
+def test_mtp_vmap_with_shared_cache_folds_into_the_batch(platform, form, weights_rows):
+    """vmap over a leading axis of rank-4 inputs (both seq_lens forms, both weights forms): one launch
+    of V * B rows of N queries, and each element the bytes of its own call."""
+    batch = mtp_batch(form, seed=52)
+    q, k, w, s, bt = on(platform, batch)
+    qs, ws, ss, bts = (jnp.stack([x, x[::-1]]) for x in (q, w, s, bt))
+    if weights_rows:
+        ws = ws.reshape(2, -1, ws.shape[-1])  # [2, B * N, H]: the same bytes
+    fn = jax.jit(jax.vmap(lambda q_, w_, s_, t_: jax_ffi.topk_indexer(q_, k, w_, s_, t_, topk=K)))
+    jaxpr = str(jax.make_jaxpr(fn)(qs, ws, ss, bts))
+    rows, n = 2 * len(batch.seq_lens), form.queries
+    assert jaxpr.count("ffi_call[") == 1 and f"i32[{rows},{n},{K}] = ffi_call" in jaxpr, jaxpr
+    got = np.asarray(fn(qs, ws, ss, bts))
+    assert got.shape == (2, *batch.output_shape(K))
+    want = torch_platform_result(batch, platform)
+    assert_exact(got[0], batch, K)
+    np.testing.assert_array_equal(got[0], want)
+    np.testing.assert_array_equal(got[1], want[::-1])
+
+
+def test_mtp_vmap_with_batched_cache_runs_each_element(platform):
+    a, b = (mtp_batch(Form(2, NUM_HEADS, per_query_lens=True), seed=s) for s in (53, 54))
+    stacked = [jnp.stack(pair) for pair in zip(on(platform, a), on(platform, b))]
+    fn = jax.jit(jax.vmap(lambda *x: jax_ffi.topk_indexer(*x, topk=K)))
+    got = np.asarray(fn(*stacked))
+    assert_exact(got[0], a, K)
+    assert_exact(got[1], b, K)
+
+
+def test_mtp_empty_batch(platform):
+    args = on(platform, mtp_batch(Form(2, NUM_HEADS), [], seed=55))
+    assert jitted(*args, topk=K).shape == (0, 2, K)
+
+
+@pytest.mark.parametrize("index, edit, match", [
+    (0, lambda x: jnp.concatenate([x, x[:, :1]] * 2, axis=1), r"q_index_fp8 dimension 1 \(N"),  # N = 5
+    (2, lambda x: x[:, :1], "weights dimension 1"),
+    (3, lambda x: jnp.stack([x] * 3, axis=1), "seq_lens dimension 1"),
+])
+def test_mtp_errors_raise_before_xla(platform, index, edit, match):
+    args = on(platform, mtp_batch(Form(2, NUM_HEADS), seed=56))
+    args[index] = edit(args[index])
+    with pytest.raises(ValueError, match=match):
+        jitted(*args, topk=K)

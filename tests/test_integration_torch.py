@@ -13,10 +13,13 @@ import torch
 import torch._dynamo.utils as dynamo_utils
 
 import ffi_dsa
+from ffi_dsa.contract import MAX_QUERIES, NUM_HEADS, NUM_HEADS_NARROW
 from ffi_dsa.integration import torch_op
 from ffi_dsa.workloads import make_batch
 
-from conftest import SENTINEL, assert_same_as_call, call_result
+from conftest import SENTINEL, assert_exact, assert_same_as_call, call_result
+from mtp_batches import FORMS, Form, mtp_batch, query_rows_shape
+from mtp_batches import LENS as MTP_LENS
 
 # inductor itself calls the deprecated torch.jit.script_method in torch 2.13
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
@@ -244,3 +247,205 @@ def test_example_decode_runs(device, capsys):
                                     "--batch", "3", "--context", "200", "--topk", "64"])
     assert rc == 0, capsys.readouterr().out
     assert capsys.readouterr().out.count("rows ok: True") == 2
+
+
+# ---- several query tokens per row (MTP) and 32 heads: docs/contract.md §7 ---------------------
+# On exact data (mtp_batches), every result must equal ffi_dsa.reference byte for byte.
+
+@pytest.mark.parametrize("sorted_", [False, True])
+@pytest.mark.parametrize("form", FORMS)
+def test_mtp_functional_and_out_forms(device, form, sorted_):
+    """The functional op returns [B, N, K] for a rank-4 q ([B, K] for rank 3); the out variant
+    writes either output form, [B, N, K] or [B * N, K], with the same bytes."""
+    batch = mtp_batch(form, seed=21)
+    args = batch.to_torch(device)
+    got = torch.ops.dsa.topk_indexer(*args, topk=K, sorted=sorted_)
+    assert got.device == args[0].device and tuple(got.shape) == batch.output_shape(K)
+    assert_exact(got, batch, K, sorted=sorted_, name="torch.ops.dsa.topk_indexer")
+    for shape in {batch.output_shape(K), query_rows_shape(batch, K)}:
+        out = torch.full(shape, SENTINEL, dtype=torch.int32, device=device)
+        assert torch.ops.dsa.topk_indexer_out(*args, out, sorted=sorted_) is None
+        assert out.cpu().numpy().tobytes() == got.cpu().numpy().tobytes(), f"out {shape}"
+
+
+def test_mtp_weights_and_output_as_query_rows(device):
+    """weights [B * N, H] are the bytes of [B, N, H]: the same result."""
+    batch = mtp_batch(Form(2, NUM_HEADS), seed=22)
+    q, k, w, s, bt = batch.to_torch(device)
+    got = torch.ops.dsa.topk_indexer(q, k, w.reshape(-1, w.shape[-1]), s, bt, topk=K)
+    assert_exact(got, batch, K)
+
+
+def test_mtp_rank3_output_for_several_queries_is_refused(device):
+    batch = mtp_batch(Form(2, NUM_HEADS), seed=23)
+    out = torch.full((len(MTP_LENS), K), SENTINEL, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="topk_indices"):
+        torch.ops.dsa.topk_indexer_out(*batch.to_torch(device), out)
+    assert (out == SENTINEL).all()
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda q, w, s: (torch.cat([q, q[:, :1]] * 2, dim=1), w, s), r"q_index_fp8 dimension 1 \(N"),  # N = 5
+    (lambda q, w, s: (q[:, :, :48].contiguous(), w[..., :48].contiguous(), s), r"\(H, index heads\)"),
+    (lambda q, w, s: (q, w[:, :1].contiguous(), s), "weights"),
+    (lambda q, w, s: (q, w, torch.stack([s] * 3, dim=1)), "seq_lens"),
+])
+def test_mtp_shape_errors(device, edit, match):
+    """Mistakes in the new forms raise ValueError naming the argument, from the C++ check."""
+    q, k, w, s, bt = mtp_batch(Form(2, NUM_HEADS), seed=24).to_torch(device)
+    q, w, s = edit(q, w, s)
+    with pytest.raises(ValueError, match=match):
+        torch.ops.dsa.topk_indexer(q, k, w, s, bt, topk=K)
+
+
+def test_opcheck_mtp(device):
+    batch = mtp_batch(Form(2, NUM_HEADS_NARROW, per_query_lens=True), seed=25)
+    q, k, w, s, bt = batch.to_torch(device)
+    qu = q.view(torch.uint8)
+    for out_shape in (batch.output_shape(K), query_rows_shape(batch, K)):
+        out = torch.empty(out_shape, dtype=torch.int32, device=device)
+        torch.library.opcheck(torch.ops.dsa.topk_indexer_out.default, (qu, k, w, s, bt, out, True))
+    torch.library.opcheck(torch.ops.dsa.topk_indexer.default, (qu, k, w.clone().requires_grad_(), s, bt, K, False))
+
+
+def _mtp_step(q, k, w, s, bt, out):
+    idx = torch.ops.dsa.topk_indexer(q, k, w * 1.0, s, bt, K)
+    torch.ops.dsa.topk_indexer_out(q, k, w, s, bt, out, sorted=True)
+    return idx, (idx >= 0).sum(dim=-1)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_mtp_dynamic_batch(device, backend):
+    """N fixed, B changing: one graph for both batches; [B, N, K] out of the compiled op."""
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    compiled = torch.compile(_mtp_step, backend=backend, fullgraph=True, dynamic=True)
+    for seed, lens in enumerate((LENS_A, LENS_B)):
+        batch = mtp_batch(Form(2, NUM_HEADS, per_query_lens=True), lens, seed=seed)
+        out = torch.full(batch.output_shape(K), SENTINEL, dtype=torch.int32, device=device)
+        idx, count = compiled(*batch.to_torch(device), out)
+        assert_exact(idx, batch, K, name="compiled functional")
+        assert_exact(out, batch, K, sorted=True, name="compiled out variant")
+        torch.testing.assert_close(count.cpu(), (idx >= 0).sum(dim=-1).cpu())
+    assert dict(dynamo_utils.counters["graph_break"]) == {}
+    assert dynamo_utils.counters["stats"]["unique_graphs"] == 1, "the second batch recompiled"
+
+
+def test_compile_dynamic_n(device):
+    """N is an ordinary dynamic dimension: N = 2, 3 and 4 share one graph. What does recompile, once
+    each, is what dynamo guards on for any op: the first graph's H = 64 equals the cache's 64 tokens
+    per page, so duck sizing ties the two and H = 32 compiles a graph in which H is free; N = 1 is
+    specialized like every size-1 dimension; seq_lens [B, N] is another rank. Later calls of any of
+    these kinds reuse their graphs."""
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    compiled = torch.compile(_mtp_step, backend="aot_eager", fullgraph=True, dynamic=True)
+    cases = [  # (form, row lengths, graphs compiled so far)
+        (Form(2, NUM_HEADS), LENS_A, 1), (Form(3, NUM_HEADS), LENS_B, 1),
+        (Form(MAX_QUERIES, NUM_HEADS), [70, 5, 200], 1),
+        (Form(2, NUM_HEADS_NARROW), LENS_A, 2), (Form(MAX_QUERIES, NUM_HEADS_NARROW), [70, 5, 200], 2),
+        (Form(3, NUM_HEADS), LENS_A, 2),
+        (Form(1, NUM_HEADS), LENS_B, 3),
+        (Form(2, NUM_HEADS, per_query_lens=True), LENS_A, 4),
+        (Form(3, NUM_HEADS_NARROW, per_query_lens=True), LENS_B, 4),
+    ]
+    for seed, (form, lens, graphs) in enumerate(cases):
+        batch = mtp_batch(form, lens, seed=seed)
+        out = torch.full(batch.output_shape(K), SENTINEL, dtype=torch.int32, device=device)
+        idx, _ = compiled(*batch.to_torch(device), out)
+        assert_exact(idx, batch, K, name=form.id)
+        assert_exact(out, batch, K, sorted=True, name=form.id)
+        assert dynamo_utils.counters["stats"]["unique_graphs"] == graphs, form.id
+    assert dict(dynamo_utils.counters["graph_break"]) == {}
+
+
+@pytest.mark.cuda
+def test_cuda_graph_capture_and_replay_mtp():
+    """The MTP form captures and replays like the single-query one (new data, same shapes)."""
+    form = Form(2, NUM_HEADS)
+    static = [a.clone() for a in mtp_batch(form, seed=30).to_torch("cuda")]
+    out = torch.full(query_rows_shape(mtp_batch(form, seed=30), K), SENTINEL, dtype=torch.int32, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.ops.dsa.topk_indexer_out(*static, out)
+        torch.ops.dsa.topk_indexer(*static, topk=K)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        functional = torch.ops.dsa.topk_indexer(*static, topk=K, sorted=True)
+        torch.ops.dsa.topk_indexer_out(*static, out)
+    for seed in (31, 32):
+        other = mtp_batch(form, seed=seed)
+        for dst, src in zip(static, other.to_torch("cuda")):
+            dst.copy_(src)
+        out.fill_(SENTINEL)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_exact(out.view(other.output_shape(K)), other, K, name="replayed out variant")
+        assert_exact(functional, other, K, sorted=True, name="replayed functional")
+
+
+def _jax_results(batch, topk, sorted_, device):
+    """JAX jit and vmap (two requests sharing the cache, folded into one launch) on the platform
+    of `device`; {} without JAX (or without a JAX GPU for "cuda")."""
+    try:
+        import jax
+        import jax.numpy as jnp
+
+        from ffi_dsa.integration import jax_ffi
+        target = jax.devices("cpu" if device == "cpu" else "gpu")[0]
+    except (ImportError, RuntimeError):
+        return {}
+    q, k, w, s, bt = [jax.device_put(a, target) for a in
+                      (jnp.asarray(batch.q).view(jnp.float8_e4m3fn), *map(jnp.asarray, batch.args()[1:]))]
+    jitted = jax.jit(jax_ffi.topk_indexer, static_argnames=("topk", "sorted"))
+    vmapped = jax.jit(jax.vmap(lambda q_, w_, s_, t_: jax_ffi.topk_indexer(q_, k, w_, s_, t_, topk=topk,
+                                                                          sorted=sorted_)))
+    pair = vmapped(*(jnp.stack([x, x]) for x in (q, w, s, bt)))
+    return {"jax.jit": np.asarray(jitted(q, k, w, s, bt, topk=topk, sorted=sorted_)),
+            "jax.vmap[0]": np.asarray(pair[0]), "jax.vmap[1]": np.asarray(pair[1])}
+
+
+def _tvm_results(batch, topk, sorted_, device):
+    """The Relax program (R.call_dps_packed) for the batch's q rank; {} without apache-tvm."""
+    try:
+        import ml_dtypes
+        import tvm
+
+        from ffi_dsa.integration import tvm_relax
+    except ImportError:
+        return {}
+    if device == "cuda" and not (tvm.runtime.enabled("cuda") and tvm.cuda(0).exist):
+        return {}
+    dev = tvm.cpu() if device == "cpu" else tvm.cuda(0)
+    vm = tvm_relax.build(tvm_relax.indexer_module(topk=topk, sorted=sorted_, q_rank=batch.q.ndim), device=dev)
+    args = [tvm.runtime.tensor(a, device=dev) for a in (batch.q.view(ml_dtypes.float8_e4m3fn), *batch.args()[1:])]
+    return {"tvm.relax": vm["main"](*args).numpy()}
+
+
+@pytest.mark.parametrize("sorted_", [False, True])
+@pytest.mark.parametrize("form", FORMS)
+def test_all_callers_agree_on_mtp_batches(device, form, sorted_):
+    """Every framework caller on the same MTP / 32-head inputs: the same bytes in the same shape,
+    and those of ffi_dsa.reference (exact data). ffi_dsa.topk_indexer: test_callers.py."""
+    batch = mtp_batch(form, seed=40)
+    args = batch.to_torch(device)
+    results = {"ffi_dsa.call (torch)": call_result(batch, K, sorted=sorted_, device=device),
+               "ffi_dsa.call (torch, [B * N, K])": call_result(
+                   batch, K, sorted=sorted_, device=device, shape=query_rows_shape(batch, K)).reshape(
+                       batch.output_shape(K))}
+    if device == "cpu":
+        results["ffi_dsa.call (numpy)"] = call_result(batch, K, sorted=sorted_)
+    results["torch.ops.dsa.topk_indexer"] = torch.ops.dsa.topk_indexer(*args, topk=K, sorted=sorted_)
+    out = torch.full(batch.output_shape(K), SENTINEL, dtype=torch.int32, device=device)
+    torch.ops.dsa.topk_indexer_out(*args, out, sorted=sorted_)
+    results["torch.ops.dsa.topk_indexer_out"] = out
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: torch.ops.dsa.topk_indexer(*a, topk=K, sorted=sorted_),
+                             backend="aot_eager", fullgraph=True, dynamic=True)
+    results["torch.compile"] = compiled(*args)
+    results.update(_jax_results(batch, K, sorted_, device))
+    results.update(_tvm_results(batch, K, sorted_, device))
+    for name, got in results.items():
+        assert_exact(got, batch, K, sorted=sorted_, name=name)

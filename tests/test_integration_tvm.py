@@ -11,10 +11,12 @@ import pytest
 import torch
 import tvm_ffi
 
+from ffi_dsa.contract import NUM_HEADS
 from ffi_dsa.integration import tvm_relax
 from ffi_dsa.workloads import make_batch
 
-from conftest import CUDA, SENTINEL, assert_same_as_call
+from conftest import CUDA, SENTINEL, assert_exact, assert_same_as_call, call_result
+from mtp_batches import FORMS, Form, mtp_batch, query_rows_shape
 
 try:
     import ml_dtypes
@@ -121,3 +123,45 @@ def test_relax_topk_errors():
     vm = tvm_relax.build(tvm_relax.indexer_module(topk=4096))
     with pytest.raises(ValueError, match="K <= 2048"):
         vm["main"](*_tvm_args(make_batch(LENS, seed=6), tvm.cpu()))
+
+
+# ---- several query tokens per row (MTP) and 32 heads: docs/contract.md §7 ---------------------
+
+@pytest.mark.parametrize("form", FORMS)
+def test_global_funcs_take_the_mtp_forms(form):
+    """The DPS globals write either output form, [B, N, K] or [B * N, K]: the reference's bytes."""
+    tvm_relax.register_global_funcs()
+    fn = tvm_ffi.get_global_func(tvm_relax.GLOBAL_NAME)
+    batch = mtp_batch(form, seed=60)
+    for shape in (batch.output_shape(K), query_rows_shape(batch, K)):
+        out = np.full(shape, SENTINEL, np.int32)
+        assert fn(*batch.args(), out) is None
+        assert_exact(out.reshape(batch.output_shape(K)), batch, K, name=str(shape))
+
+
+@needs_tvm
+@pytest.mark.parametrize("device_name", _devices())
+@pytest.mark.parametrize("sorted_", [False, True])
+def test_relax_mtp(device_name, sorted_):
+    """q_rank=4: one build serves every N, H and seq_lens form; the output is [b, n, topk]."""
+    device = tvm.cpu() if device_name == "cpu" else tvm.cuda(0)
+    vm = tvm_relax.build(tvm_relax.indexer_module(topk=K, sorted=sorted_, q_rank=4), device=device)
+    for seed, form in enumerate(f.values[0] for f in FORMS):
+        if form.queries is None:
+            continue
+        batch = mtp_batch(form, seed=61 + seed)
+        for q_fp8 in (True, False):
+            got = vm["main"](*_tvm_args(batch, device, q_fp8)).numpy()
+            assert_exact(got, batch, K, sorted=sorted_, name=form.id)
+            np.testing.assert_array_equal(got, call_result(batch, K, sorted=sorted_, device=device_name))
+
+
+@needs_tvm
+def test_relax_mtp_errors():
+    with pytest.raises(ValueError, match="q_rank must be 3"):
+        tvm_relax.indexer_module(topk=K, q_rank=2)
+    vm = tvm_relax.build(tvm_relax.indexer_module(topk=K, q_rank=4))
+    batch = mtp_batch(Form(2, NUM_HEADS), seed=70)
+    args = [batch.q, batch.k_cache, batch.weights[:, :1].copy(), batch.seq_lens, batch.block_table]
+    with pytest.raises(ValueError, match="weights dimension 1"):
+        vm["main"](*[tvm.runtime.tensor(a) for a in args])

@@ -39,6 +39,9 @@ def test_layout_constants_are_those_of_contract_h():
     header = (_build.native_dir() / "include" / "ffi_dsa" / "contract.h").read_text()
     written = {name: int(value) for name, value in re.findall(r"constexpr int (k\w+) = (\d+);", header)}
     assert written["kNumHeads"] == contract.NUM_HEADS
+    assert written["kNumHeadsNarrow"] == contract.NUM_HEADS_NARROW
+    assert contract.SUPPORTED_HEADS == (contract.NUM_HEADS_NARROW, contract.NUM_HEADS)
+    assert written["kMaxQueries"] == contract.MAX_QUERIES
     assert written["kHeadDim"] == contract.HEAD_DIM
     assert written["kPageTokens"] == contract.PAGE_TOKENS
     assert written["kTokenBytes"] == contract.TOKEN_BYTES

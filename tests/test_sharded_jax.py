@@ -29,10 +29,12 @@ pytest.importorskip("jax_tvm_ffi")
 import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
+from ffi_dsa.contract import MAX_QUERIES, NUM_HEADS, NUM_HEADS_NARROW  # noqa: E402
 from ffi_dsa.integration import jax_ffi, jax_sharding  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
 
-from conftest import call_result  # noqa: E402
+from conftest import assert_exact, call_result  # noqa: E402
+from mtp_batches import Form, mtp_batch  # noqa: E402
 
 DEVICES = 4
 K = 16
@@ -47,6 +49,7 @@ def _jax_gpus():
 
 
 GPUS = _jax_gpus()
+MTP_FORMS = [Form(2, NUM_HEADS), Form(MAX_QUERIES, NUM_HEADS_NARROW, per_query_lens=True)]
 COLLECTIVE = re.compile(r"= (\w+\[[\d,]*\])\S* (all-gather|all-to-all|collective-permute|all-reduce|reduce-scatter)"
                         r"(-start)?\(")
 LOCAL_CALL = re.compile(r"= (s32\[[\d,]*\])\S* custom-call\([^\n]*custom_call_target=\"" + jax_ffi.TARGET)
@@ -139,6 +142,17 @@ def test_sharding_rule_shares_b_only_among_dims_of_size_b():
                                                   [t(4, 16)])
     assert rule == "b a0d1 a0d2, a1d0 a1d1 a1d2 a1d3, a2d0 a2d1, b, b a4d1 -> b a5d1"
     assert "b" not in extra["need_replication_factors"] and "a2d0" in extra["need_replication_factors"]
+
+    with mlir.ir.Context(), mlir.ir.Location.unknown():
+        i32 = mlir.ir.IntegerType.get_signless(32)
+
+        def t(*shape):
+            return mlir.ir.RankedTensorType.get(shape, i32)
+
+        # q [B, N, H, 128], weights [B, N, H], seq_lens [B, N], output [B, N, K]: b is dim 0 only
+        rule, _ = jax_sharding._sharding_rule(None, [t(4, 2, 32, 128), t(9, 64, 1, 132), t(4, 2, 32), t(4, 2),
+                                                     t(4, 3)], [t(4, 2, 16)])
+    assert rule == ("b a0d1 a0d2 a0d3, a1d0 a1d1 a1d2 a1d3, b a2d1 a2d2, b a3d1, b a4d1 -> b a5d1 a5d2")
 
 
 @pytest.mark.cuda
@@ -322,6 +336,55 @@ class TestFourDevices:
         assert local_calls(text) == [f"s32[6,{K}]"]
         np.testing.assert_array_equal(np.asarray(jitted(*args, topk=K)), call_result(batch, K))
 
+
+    @pytest.mark.parametrize("form", MTP_FORMS, ids=lambda f: f.id)
+    def test_mtp_batch_sharded_is_one_local_call_per_device(self, form):
+        """q [B, N, H, 128], weights [B, N, H], seq_lens [B] or [B, N]: split over B only, one local
+        call of [2, N, K] per device, no collective."""
+        batch = mtp_batch(form, lens(8, 12), seed=12)
+        mesh = mesh_of()
+        args = put(mesh, jax_args(batch), batch_specs())
+        text = jitted.lower(*args, topk=K).compile().as_text()
+        assert collectives(text) == []
+        assert local_calls(text) == [f"s32[2,{form.queries},{K}]"]
+        got = jitted(*args, topk=K)
+        assert got.sharding.spec[0] == "x"
+        assert_exact(got, batch, K)
+
+    def test_mtp_weights_as_query_rows_run_whole(self):
+        """weights [B * N, H] have no B dimension: the call runs whole on every device (correct bytes,
+        the [B, N, H] form is the one that keeps the split)."""
+        batch = mtp_batch(MTP_FORMS[0], lens(8, 13), seed=13)
+        q, k_cache, weights, seq_lens, block_table = jax_args(batch)
+        mesh = mesh_of()
+        args = put(mesh, [q, k_cache, weights.reshape(-1, weights.shape[-1]), seq_lens, block_table],
+                   batch_specs())
+        text = jitted.lower(*args, topk=K).compile().as_text()
+        assert local_calls(text) == [f"s32[8,{MTP_FORMS[0].queries},{K}]"]
+        assert_exact(jitted(*args, topk=K), batch, K)
+
+    @pytest.mark.parametrize("form", MTP_FORMS, ids=lambda f: f.id)
+    def test_mtp_b_not_divisible(self, form):
+        """pad_rows with N queries per row (weights in both forms), and XLA's own padding of a sharding
+        constraint inside a jit (its padding rows get length 0 in either seq_lens form)."""
+        batch = mtp_batch(form, lens(6, 14), seed=14)
+        mesh = mesh_of()
+        q, k_cache, weights, seq_lens, block_table = jax_args(batch)
+        for w in (weights, weights.reshape(-1, weights.shape[-1])):
+            padded = jax_sharding.pad_rows(q, w, seq_lens, block_table, DEVICES)
+            got = np.asarray(jitted(padded[0], k_cache, *padded[1:], topk=K))
+            assert_exact(got[:6], batch, K)
+            assert (got[6:] == -1).all() and got.shape[0] == 8
+        rows = NamedSharding(mesh, P("x"))
+
+        @jax.jit
+        def step(q, k_cache, weights, seq_lens, block_table):
+            c = lambda a: jax.lax.with_sharding_constraint(a, rows)  # noqa: E731
+            return jax_ffi.topk_indexer(c(q), k_cache, c(weights), c(seq_lens), c(block_table), topk=K)
+
+        args = put(mesh, jax_args(batch), [P()] * 5)
+        assert local_calls(step.lower(*args).compile().as_text()) == [f"s32[2,{form.queries},{K}]"]
+        assert_exact(step(*args), batch, K)
 
     def test_empty_batch_sharded(self):
         batch = make_batch([], seed=9)

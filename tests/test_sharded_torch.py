@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
+from ffi_dsa.contract import NUM_HEADS, NUM_HEADS_NARROW
 from ffi_dsa.integration import torch_ranks
-from ffi_dsa.workloads import make_batch
 
 from conftest import assert_same_as_call
 
@@ -30,21 +30,30 @@ BATCH_SIZES = (8, 7, 1)
 TWO_GPUS = torch.cuda.device_count() >= WORLD
 
 
+# (queries, heads): the single-query form, and N query tokens per row (docs/contract.md §7)
+FORMS = [pytest.param((None, NUM_HEADS), id="rank3"), pytest.param((2, NUM_HEADS_NARROW), id="n2_h32")]
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("device", [
     "cpu",
     pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not TWO_GPUS, reason="needs 2 GPUs")]),
 ])
-def test_two_ranks_give_the_single_process_bytes(device, tmp_path):
+def test_two_ranks_give_the_single_process_bytes(device, form, tmp_path):
+    queries, heads = form
     out = tmp_path / "ids.npz"
+    shape_args = ["--heads", str(heads)] + ([] if queries is None else ["--queries", str(queries)])
     child = subprocess.run(
         [sys.executable, "-m", "ffi_dsa.integration.torch_ranks", "--world-size", str(WORLD), "--device", device,
-         "--batch-sizes", ",".join(map(str, BATCH_SIZES)), "--topk", str(K), "--seed", str(SEED), "--out", str(out)],
+         "--batch-sizes", ",".join(map(str, BATCH_SIZES)), "--topk", str(K), "--seed", str(SEED), "--out", str(out),
+         *shape_args],
         cwd=REPO, capture_output=True, text=True, timeout=240)
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-4000:]
     got = np.load(out)
     for i, batch_size in enumerate(BATCH_SIZES):
-        batch = make_batch(torch_ranks.batch_lens(batch_size, SEED + i), seed=SEED + i, spare_pages=3)
+        batch = torch_ranks.rank_batch(batch_size, SEED + i, queries, heads)
         ids = got[f"batch{i}"]
+        assert ids.shape == batch.output_shape(K)
         assert_same_as_call(ids, batch, K, device=device)
 
 

@@ -46,7 +46,8 @@ void CheckShapes(Array<int64_t> q, DLDataType q_dtype, Array<int64_t> k_cache, D
 // contract.h's layout constants, so that Python (ffi_dsa/contract.py) reads them instead of
 // writing them down a second time.
 tvm::ffi::Map<tvm::ffi::String, int64_t> ContractConstants() {
-  return {{"num_heads", ffi_dsa::kNumHeads},      {"head_dim", ffi_dsa::kHeadDim},
+  return {{"num_heads", ffi_dsa::kNumHeads},      {"num_heads_narrow", ffi_dsa::kNumHeadsNarrow},
+          {"max_queries", ffi_dsa::kMaxQueries},  {"head_dim", ffi_dsa::kHeadDim},
           {"page_tokens", ffi_dsa::kPageTokens},  {"token_bytes", ffi_dsa::kTokenBytes},
           {"page_fp8_bytes", ffi_dsa::kPageFp8Bytes}, {"page_bytes", ffi_dsa::kPageBytes},
           {"max_topk", ffi_dsa::kMaxTopK}};

@@ -10,7 +10,9 @@
 
 namespace ffi_dsa {
 
-constexpr int kNumHeads = 64;          // H: index heads per query row
+constexpr int kNumHeads = 64;          // H: index heads per query token (the reference op's)
+constexpr int kNumHeadsNarrow = 32;    // the other H the op accepts (GLM-5-style indexers)
+constexpr int kMaxQueries = 4;         // N: query tokens per row (MTP / speculative decode), 1..4
 constexpr int kHeadDim = 128;          // D: FP8 bytes per head / per key token
 constexpr int kPageTokens = 64;        // tokens per cache page
 constexpr int kTokenBytes = 132;       // per token in the packed layout: 128 fp8 + 4 scale bytes
@@ -22,6 +24,20 @@ constexpr int kMaxTopK = 2048;         // largest K any path accepts (smem budge
 FFI_DSA_CONTRACT_HD int64_t ClampLength(int64_t n, int64_t max_pages) {
   const int64_t cap = max_pages * kPageTokens;
   return n < 0 ? 0 : (n > cap ? cap : n);
+}
+
+FFI_DSA_CONTRACT_HD bool SupportedHeads(int64_t h) { return h == kNumHeads || h == kNumHeadsNarrow; }
+
+// docs/contract.md §7: the N query tokens of a row are its last N tokens, causal among themselves.
+// With seq_lens [B] query j of row b sees seq_lens[b] - (N - 1 - j) tokens; with seq_lens [B, N]
+// it sees seq_lens[b, j]. Either count then follows the single-query rules (ClampLength).
+FFI_DSA_CONTRACT_HD int64_t SeqLensIndex(int64_t b, int j, int queries, bool per_query_lens) {
+  return per_query_lens ? b * queries + j : b;
+}
+FFI_DSA_CONTRACT_HD int64_t VisibleTokens(int32_t seq_len_entry, int j, int queries, bool per_query_lens,
+                                          int64_t max_pages) {
+  const int64_t seen = per_query_lens ? int64_t(seq_len_entry) : int64_t(seq_len_entry) - (queries - 1 - j);
+  return ClampLength(seen, max_pages);
 }
 
 // Global id of the token at position t of a row: page * 64 + slot.

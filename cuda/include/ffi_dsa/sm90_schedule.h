@@ -12,31 +12,53 @@ namespace ffi_dsa::sm90 {
 struct Schedule {
   bool fused;            // one kernel, one CTA per row (impls/sm90_fused_rows.cuh); else the two below
   int32_t score_ctas;    // kernel 1: one persistent CTA per SM (fewer if there are fewer pages)
-  int32_t cluster_size;  // kernel 2: CTAs per row
+  int32_t cluster_size;  // kernel 2: CTAs per query row
 };
 
 // The fused kernel streams each row with the row's own CTA, and one CTA pulls at most ~33 GB/s
 // (one 8.4 KB page per ~450 cycles, v5 trace): it is chosen only when the batch keeps most SMs
 // streaming (~92 CTAs reach HBM speed on the H100) and every row fits its CTA's shared memory.
-// From shapes only: the table width, not seq_lens.
+// From shapes only: the table width, not seq_lens. (With N queries per row the CTA scores each
+// page for all of them and selects them one after the other: the batch of rows, not of query
+// rows, keeps the SMs streaming.)
 constexpr double kFusedMinSmShare = 0.7;
 
+// Up to 16 CTAs per select cluster (H100's non-portable maximum): a 128K row on 16 x 8K-key
+// slices. (v9b measured 16 slower than 8, when every thread read every other CTA's histogram over
+// DSMEM.)
+constexpr int kMaxSelectCluster = 16;
+
+// Select clusters of c CTAs the device holds at once, for c = 1..kMaxSelectCluster (from the
+// driver's occupancy query; 0 where c does not fit).
+struct ClusterOccupancy {
+  int32_t active[kMaxSelectCluster + 1];
+};
+
 // Kernel 2 gives a row one CTA up to slice_keys keys (sm90_select_rows.cuh: kSliceKeys), and a
-// cluster of up to max_cluster CTAs beyond: cluster barriers and DSMEM reads add latency, so a
-// cluster pays only for rows too long for one SM. Rows longer than max_cluster slices give each
-// CTA a longer slice.
-inline Schedule PlanSchedule(int64_t batch, int64_t max_pages, int num_sms, int64_t slice_keys, int max_cluster,
-                             int64_t fused_max_tokens) {
+// cluster of more CTAs beyond: cluster barriers and DSMEM reads add latency, so a cluster pays only
+// for rows too long for one SM. Rows longer than the largest cluster's slices give each CTA a
+// longer slice.
+// `fused_fits`: the one-kernel path is on and a CTA's shared memory holds the row's N queries
+// and N x the table's width of keys.
+inline Schedule PlanSchedule(int64_t batch, int64_t queries, int64_t max_pages, int num_sms, int64_t slice_keys,
+                             const ClusterOccupancy& occupancy, bool fused_fits) {
   const int64_t max_tokens = std::max<int64_t>(1, max_pages) * kPageTokens;
   Schedule s;
   s.score_ctas = static_cast<int32_t>(std::clamp<int64_t>(batch * std::max<int64_t>(1, max_pages), 1,
                                                           std::max(1, num_sms)));
-  // At most one wave: the select kernel holds one CTA per SM (~105 registers x 512 threads), and
-  // a second wave of clusters (W4: 64 rows x 4 CTAs) cost more than two tiles per CTA.
-  const int64_t one_wave = std::max<int64_t>(1, std::max(1, num_sms) / std::max<int64_t>(1, batch));
-  s.cluster_size = static_cast<int32_t>(std::clamp<int64_t>((max_tokens + slice_keys - 1) / slice_keys, 1,
-                                                            std::min<int64_t>(std::max(1, max_cluster), one_wave)));
-  s.fused = max_tokens <= fused_max_tokens && static_cast<double>(batch) >= kFusedMinSmShare * num_sms;
+  int largest = 1;
+  for (int c = 2; c <= kMaxSelectCluster; ++c) {
+    if (occupancy.active[c] > 0) largest = c;
+  }
+  int cluster = static_cast<int>(std::clamp<int64_t>((max_tokens + slice_keys - 1) / slice_keys, 1, largest));
+  // At most one wave: the select kernel holds one CTA per SM (~105 registers x 512 threads), and a
+  // second wave of clusters cost more than longer slices per CTA (W4: 64 rows x 4 CTAs; W6 with two
+  // queries: 16 rows x 8 CTAs, where an H100 SXM holds only 15 clusters of 8). So the largest cluster
+  // of which every query row's cluster is resident at once.
+  const int64_t rows = batch * std::max<int64_t>(1, queries);
+  while (cluster > 1 && occupancy.active[cluster] < rows) --cluster;
+  s.cluster_size = cluster;
+  s.fused = fused_fits && static_cast<double>(batch) >= kFusedMinSmShare * num_sms;
   return s;
 }
 

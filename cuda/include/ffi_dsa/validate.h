@@ -14,16 +14,36 @@
 
 namespace ffi_dsa {
 
-// Raw views of validated arguments; what the kernels consume.
+// Raw views of validated arguments; what the kernels consume. A "query row" is one query token
+// of one row: query j of row b is query row b * queries + j, the row of weights, q heads and
+// output it owns; the N query rows of a row share its block-table row.
 struct IndexerArgs {
-  const uint8_t* q = nullptr;          // [B, 64, 128] fp8 bytes
+  const uint8_t* q = nullptr;          // [B * N * H, 128] fp8 bytes
   const uint8_t* k_cache = nullptr;    // [num_pages, 8448] packed pages
-  const float* weights = nullptr;      // [B, 64]
-  const int32_t* seq_lens = nullptr;   // [B]
+  const float* weights = nullptr;      // [B * N, H]
+  const int32_t* seq_lens = nullptr;   // [B] (causal offsets) or [B * N] (per_query_lens)
   const int32_t* block_table = nullptr;  // [B, max_pages]
-  int32_t* topk_indices = nullptr;     // [B, K]
+  int32_t* topk_indices = nullptr;     // [B * N, K]
   int64_t batch = 0, num_pages = 0, max_pages = 0, topk = 0;
+  int32_t queries = 1;                 // N, 1..kMaxQueries
+  int32_t heads = kNumHeads;           // H, kNumHeads or kNumHeadsNarrow
+  bool per_query_lens = false;         // seq_lens is [B, N]
   DLDevice device{kDLCPU, 0};
+
+  int64_t query_rows() const { return batch * queries; }
+  // Tokens query row `qr` sees (docs/contract.md §7), clamped like any length.
+  int64_t VisibleLength(int64_t qr) const {
+    const int j = static_cast<int>(qr % queries);
+    return VisibleTokens(seq_lens[SeqLensIndex(qr / queries, j, queries, per_query_lens)], j, queries,
+                         per_query_lens, max_pages);
+  }
+};
+
+// The sizes validation reads off the arguments' shapes.
+struct IndexerShape {
+  int64_t batch = 0, topk = 0;
+  int32_t queries = 1, heads = kNumHeads;
+  bool per_query_lens = false;
 };
 
 // What validation needs to know of one argument. Built from a TensorView, or from a bare shape
@@ -115,11 +135,35 @@ T* DataAs(const tvm::ffi::TensorView& t) {
 
 }  // namespace detail
 
-// Checks dtypes, ranks, shapes against each other, K, devices and contiguity. Argument order:
-// q, k_cache, weights, seq_lens, block_table, topk_indices.
-inline void CheckIndexerMeta(const ArgMeta& q, const ArgMeta& k_cache, const ArgMeta& weights,
-                             const ArgMeta& seq_lens, const ArgMeta& block_table,
-                             const ArgMeta& topk_indices) {
+namespace detail {
+
+inline void CheckRankIn(const ArgMeta& t, int rank_a, const char* layout_a, int rank_b, const char* layout_b) {
+  if (t.ndim() != rank_a && t.ndim() != rank_b) {
+    TVM_FFI_THROW(ValueError) << t.name << " must have rank " << rank_a << " " << layout_a << " or rank " << rank_b
+                              << " " << layout_b << ", got shape " << ShapeString(t);
+  }
+}
+
+// An argument with one row per query token: [B, N, ...] (rank `split_rank`) or [B * N, ...].
+inline void CheckQueryRows(const ArgMeta& t, int split_rank, const IndexerShape& s, const char* rows_layout) {
+  if (t.ndim() == split_rank) {
+    CheckDim(t, 0, s.batch, "B, from q_index_fp8");
+    CheckDim(t, 1, s.queries, "N, query tokens per row, from q_index_fp8");
+  } else {
+    CheckDim(t, 0, s.batch * s.queries, rows_layout);
+  }
+}
+
+}  // namespace detail
+
+// Checks dtypes, ranks, shapes against each other, K, devices and contiguity, and returns the
+// sizes they define. Argument order: q, k_cache, weights, seq_lens, block_table, topk_indices.
+// docs/contract.md §2 and §7: q is [B, H, 128] (one query token per row) or [B, N, H, 128] with
+// N in 1..4; H is 64 or 32; weights [B * N, H] or [B, N, H]; seq_lens [B] (the N queries are the
+// row's last N tokens) or [B, N] (a length per query); topk_indices [B * N, K] or [B, N, K].
+inline IndexerShape CheckIndexerMeta(const ArgMeta& q, const ArgMeta& k_cache, const ArgMeta& weights,
+                                     const ArgMeta& seq_lens, const ArgMeta& block_table,
+                                     const ArgMeta& topk_indices) {
   using namespace detail;
   // dtypes first: they are the most common mistake and the clearest message.
   CheckDType(q, Is(q.dtype, kDLFloat8_e4m3fn, 8) || IsByte(q.dtype),
@@ -130,31 +174,48 @@ inline void CheckIndexerMeta(const ArgMeta& q, const ArgMeta& k_cache, const Arg
   CheckDType(block_table, Is(block_table.dtype, kDLInt, 32), "int32");
   CheckDType(topk_indices, Is(topk_indices.dtype, kDLInt, 32), "int32");
 
-  CheckRank(q, 3, "[B, 64, 128]");
+  CheckRankIn(q, 3, "[B, H, 128]", 4, "[B, N, H, 128]");
   CheckRank(k_cache, 4, "[num_pages, 64, 1, 132]");
-  CheckRank(weights, 2, "[B, 64]");
-  CheckRank(seq_lens, 1, "[B]");
+  CheckRankIn(weights, 2, "[B * N, H]", 3, "[B, N, H]");
+  CheckRankIn(seq_lens, 1, "[B]", 2, "[B, N]");
   CheckRank(block_table, 2, "[B, max_num_pages]");
-  CheckRank(topk_indices, 2, "[B, K]");
+  CheckRankIn(topk_indices, 2, "[B * N, K]", 3, "[B, N, K]");
 
-  const int64_t batch = q.size(0);
-  CheckDim(q, 1, kNumHeads, "index heads");
-  CheckDim(q, 2, kHeadDim, "head dim");
+  IndexerShape s;
+  s.batch = q.size(0);
+  const int head_dim = q.ndim() - 1, head_axis = q.ndim() - 2;
+  if (q.ndim() == 4) {
+    const int64_t n = q.size(1);
+    if (n < 1 || n > kMaxQueries) {
+      TVM_FFI_THROW(ValueError) << "q_index_fp8 dimension 1 (N, query tokens per row) must be in 1.." << kMaxQueries
+                                << ", got shape " << ShapeString(q);
+    }
+    s.queries = static_cast<int32_t>(n);
+  }
+  if (!SupportedHeads(q.size(head_axis))) {
+    TVM_FFI_THROW(ValueError) << "q_index_fp8 dimension " << head_axis << " (H, index heads) must be " << kNumHeads
+                              << " or " << kNumHeadsNarrow << ", got shape " << ShapeString(q);
+  }
+  s.heads = static_cast<int32_t>(q.size(head_axis));
+  CheckDim(q, head_dim, kHeadDim, "head dim");
   CheckDim(k_cache, 1, kPageTokens, "tokens per page");
   CheckDim(k_cache, 2, 1, "the layout's single key head");
   CheckDim(k_cache, 3, kTokenBytes, "128 fp8 bytes + 4 scale bytes");
-  CheckDim(weights, 0, batch, "B, from q_index_fp8");
-  CheckDim(weights, 1, kNumHeads, "index heads");
-  CheckDim(seq_lens, 0, batch, "B, from q_index_fp8");
-  CheckDim(block_table, 0, batch, "B, from q_index_fp8");
-  CheckDim(topk_indices, 0, batch, "B, from q_index_fp8");
-  if (topk_indices.size(1) > kMaxTopK) {
-    TVM_FFI_THROW(ValueError) << "topk_indices has K=" << topk_indices.size(1)
-                              << " columns; the kernel supports K <= " << kMaxTopK;
+  CheckQueryRows(weights, 3, s, "B * N, query rows, from q_index_fp8");
+  CheckDim(weights, weights.ndim() - 1, s.heads, "H, index heads, from q_index_fp8");
+  CheckDim(seq_lens, 0, s.batch, "B, from q_index_fp8");
+  if (seq_lens.ndim() == 2) CheckDim(seq_lens, 1, s.queries, "N, query tokens per row, from q_index_fp8");
+  s.per_query_lens = seq_lens.ndim() == 2;
+  CheckDim(block_table, 0, s.batch, "B, from q_index_fp8");
+  CheckQueryRows(topk_indices, 3, s, "B * N, query rows, from q_index_fp8");
+  s.topk = topk_indices.size(topk_indices.ndim() - 1);
+  if (s.topk > kMaxTopK) {
+    TVM_FFI_THROW(ValueError) << "topk_indices has K=" << s.topk << " columns; the kernel supports K <= " << kMaxTopK;
   }
   for (const ArgMeta* t : {&q, &k_cache, &weights, &seq_lens, &block_table, &topk_indices}) {
     CheckPlacement(*t, q.device);
   }
+  return s;
 }
 
 // `expected_device_type` is the device the calling module serves (kDLCPU or kDLCUDA).
@@ -169,7 +230,7 @@ inline IndexerArgs CheckIndexerArgs(const tvm::ffi::TensorView& q, const tvm::ff
     TVM_FFI_THROW(ValueError) << "q_index_fp8 is on device type " << q.device().device_type
                               << " but this module serves device type " << expected_device_type;
   }
-  CheckIndexerMeta(MetaOf("q_index_fp8", q), MetaOf("k_index_cache_fp8", k_cache), MetaOf("weights", weights),
+  const IndexerShape shape = CheckIndexerMeta(MetaOf("q_index_fp8", q), MetaOf("k_index_cache_fp8", k_cache), MetaOf("weights", weights),
                    MetaOf("seq_lens", seq_lens), MetaOf("block_table", block_table),
                    MetaOf("topk_indices", topk_indices));
   IndexerArgs args;
@@ -179,10 +240,13 @@ inline IndexerArgs CheckIndexerArgs(const tvm::ffi::TensorView& q, const tvm::ff
   args.seq_lens = DataAs<const int32_t>(seq_lens);
   args.block_table = DataAs<const int32_t>(block_table);
   args.topk_indices = DataAs<int32_t>(topk_indices);
-  args.batch = q.size(0);
+  args.batch = shape.batch;
   args.num_pages = k_cache.size(0);
   args.max_pages = block_table.size(1);
-  args.topk = topk_indices.size(1);
+  args.topk = shape.topk;
+  args.queries = shape.queries;
+  args.heads = shape.heads;
+  args.per_query_lens = shape.per_query_lens;
   args.device = q.device();
   return args;
 }

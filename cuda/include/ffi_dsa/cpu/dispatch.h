@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "ffi_dsa/contract.h"
+#include "ffi_dsa/cpu/page_queries.h"
 #include "ffi_dsa/cpu/score_page.h"
 #include "ffi_dsa/cpu/score_simd.h"
 
@@ -72,51 +74,82 @@ inline CpuKernel ActiveCpuKernel() {
   return forced == kAutoKernel ? BestCpuKernel() : static_cast<CpuKernel>(forced);
 }
 
-// One work item: pages [first_page, end_page) of one row, whose keys go to row_keys by position.
+// One query row of a work item: its q and weights, the tokens it sees, and its keys by position.
+struct QueryRowView {
+  const uint8_t* q;
+  const float* weights;
+  int64_t length;
+  uint32_t* keys;
+};
+
+// One work item: pages [first_page, end_page) of one row, scored for each of the row's query rows
+// that sees any of them (docs/contract.md §7: the N queries of a row share its block-table row).
 struct RowPages {
-  const uint8_t* q_row;
-  const float* weights_row;
   const uint8_t* k_cache;
   const int32_t* table_row;
-  int64_t first_page, end_page, length, num_pages;
-  uint32_t* row_keys;
+  int64_t first_page, end_page, num_pages;
+  QueryRowView queries[kMaxQueries];
+  int num_queries;
 };
+
+// The query rows that see page p of a work item, with their prepared queries.
+template <typename Query>
+PageQueries<Query> QueriesOfPage(const RowPages& r, const Query* prepared, int64_t p) {
+  PageQueries<Query> out;
+  const int64_t first = p * kPageTokens;
+  for (int i = 0; i < r.num_queries; ++i) {
+    const int64_t seen = std::min<int64_t>(kPageTokens, r.queries[i].length - first);
+    if (seen <= 0) continue;  // this query's prefix ends before the page
+    out.query[out.size] = &prepared[i];
+    out.count[out.size] = static_cast<int>(seen);
+    out.keys[out.size] = r.queries[i].keys + first;
+    ++out.size;
+  }
+  return out;
+}
 
 // Scores one work item with a variant's query preparation and page scoring; plain code around
 // the variant's functions, so it needs no ISA of its own.
 template <typename Query, void (*Prepare)(const uint8_t*, const float*, Query*),
-          void (*Score)(const Query&, const uint8_t*, int, uint32_t*)>
+          void (*Score)(const PageQueries<Query>&, const uint8_t*)>
 void ScoreRowPages(const RowPages& r) {
-  // Preparing the query costs a few percent of an item's scoring, so every item does its own.
-  Query pq;
-  Prepare(r.q_row, r.weights_row, &pq);
+  // Preparing a query costs a few percent of an item's scoring, so every item does its own. The
+  // prepared queries (up to ~130 KB) live in thread-local memory, not on the caller's thread stack.
+  thread_local std::vector<Query> prepared(kMaxQueries);
+  for (int i = 0; i < r.num_queries; ++i) Prepare(r.queries[i].q, r.queries[i].weights, &prepared[i]);
   for (int64_t p = r.first_page; p < r.end_page; ++p) {
-    const int64_t first = p * kPageTokens;
-    const int count = static_cast<int>(std::min<int64_t>(kPageTokens, r.length - first));
+    const PageQueries<Query> queries = QueriesOfPage(r, prepared.data(), p);
     const int32_t page = r.table_row[p];
     if (page < 0 || page >= r.num_pages) {  // never dereferenced: its tokens are no candidates
-      std::fill(r.row_keys + first, r.row_keys + first + count, kNotCandidate);
+      for (int i = 0; i < queries.size; ++i) std::fill_n(queries.keys[i], queries.count[i], kNotCandidate);
       continue;
     }
-    Score(pq, r.k_cache + static_cast<int64_t>(page) * kPageBytes, count, r.row_keys + first);
+    if (queries.size > 0) Score(queries, r.k_cache + static_cast<int64_t>(page) * kPageBytes);
   }
 }
 
 using ScoreRowPagesFn = void (*)(const RowPages&);
 
-inline ScoreRowPagesFn ScoreRowPagesFor(CpuKernel k) {
+template <int kHeads>
+ScoreRowPagesFn ScoreRowPagesFor(CpuKernel k) {
   switch (k) {
 #if FFI_DSA_CPU_X86
     case CpuKernel::kAvx2:
-      return ScoreRowPages<avx2::PreparedQuery, avx2::PrepareQuery, avx2::ScorePage>;
+      return ScoreRowPages<avx2::PreparedQuery<kHeads>, avx2::PrepareQuery<kHeads>, avx2::ScorePage<kHeads>>;
     case CpuKernel::kAvx512:
-      return ScoreRowPages<avx512::PreparedQuery, avx512::PrepareQuery, avx512::ScorePage>;
+      return ScoreRowPages<avx512::PreparedQuery<kHeads>, avx512::PrepareQuery<kHeads>, avx512::ScorePage<kHeads>>;
     case CpuKernel::kAvx512Bf16:
-      return ScoreRowPages<avx512bf16::PreparedQuery, avx512bf16::PrepareQuery, avx512bf16::ScorePage>;
+      return ScoreRowPages<avx512bf16::PreparedQuery<kHeads>, avx512bf16::PrepareQuery<kHeads>,
+                           avx512bf16::ScorePage<kHeads>>;
 #endif
     default:
-      return ScoreRowPages<scalar::PreparedQuery, scalar::PrepareQuery, scalar::ScorePage>;
+      return ScoreRowPages<scalar::PreparedQuery<kHeads>, scalar::PrepareQuery<kHeads>, scalar::ScorePage<kHeads>>;
   }
+}
+
+// The scoring of variant k for H heads (validation admits kNumHeads and kNumHeadsNarrow only).
+inline ScoreRowPagesFn ScoreRowPagesFor(CpuKernel k, int heads) {
+  return heads == kNumHeadsNarrow ? ScoreRowPagesFor<kNumHeadsNarrow>(k) : ScoreRowPagesFor<kNumHeads>(k);
 }
 
 }  // namespace ffi_dsa::cpu

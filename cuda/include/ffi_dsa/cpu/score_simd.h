@@ -5,11 +5,13 @@
 //   avx512      FP32 FMA on 16-lane vectors
 //   avx512bf16  vdpbf16ps: FP8 decodes exactly to BF16 (3 mantissa bits fit in 7), BF16 pairs are
 //               multiplied exactly and accumulated in FP32, twice the products per instruction.
+// Each is a template on the head count H (kNumHeads or kNumHeadsNarrow).
 #pragma once
 #include <cstdint>
 #include <cstring>
 
 #include "ffi_dsa/contract.h"
+#include "ffi_dsa/cpu/page_queries.h"
 #include "ffi_dsa/fp8_e4m3.h"
 #include "ffi_dsa/rank_key.h"
 

@@ -2,7 +2,7 @@
 // Each FP8 value becomes an exact BF16 and each product of two of them is exact; vdpbf16ps adds
 // the two products of a pair to an FP32 accumulator, so the scores keep FP32 accumulation like
 // the FP32 variants (only the order of the adds differs). Heads are the vector lanes, a token's
-// (d, d + 1) pair is broadcast: a register block holds kTokensPerBlock tokens x 4 vectors (64 heads).
+// (d, d + 1) pair is broadcast: a register block holds kTokensPerBlock tokens x all H heads.
 // vdpbf16ps treats denormals as zero and ignores MXCSR, which changes nothing here: no E4M3 value is
 // a BF16 denormal (the smallest is 2^-9), and every product is a multiple of 2^-18, so no partial
 // sum is a float32 denormal either.
@@ -10,15 +10,16 @@
 
 constexpr int kPairs = kHeadDim / 2;
 constexpr int kBf16PerVector = 2 * kLanes;
-constexpr int kTokensPerBlock = 6;                          // 24 accumulators of 32 zmm registers
+constexpr int kTokensPerBlock = 6;                          // 64 heads: 24 accumulators of 32 zmm registers
 constexpr int kTailTokens = kPageTokens % kTokensPerBlock;  // the page's last, shorter block
-static_assert(kTailTokens > 0 && kHeadVecs * kLanes == kNumHeads);
+static_assert(kTailTokens > 0);
 
 // A query row prepared once per work item: for each pair p and head h, the 32-bit word holding
 // BF16 q[h][2p] (low half) and q[h][2p + 1] (high half), the layout vdpbf16ps pairs with k.
+template <int kHeads>
 struct PreparedQuery {
-  alignas(64) uint32_t q_pairs[kPairs][kNumHeads];
-  alignas(64) float weights[kNumHeads];
+  alignas(64) uint32_t q_pairs[kPairs][kHeads];
+  alignas(64) float weights[kHeads];
 };
 
 // BF16 bits of the 8 E4M3 subnormal magnitudes (m * 2^-9, m < 8) in the low words of a vector,
@@ -50,10 +51,12 @@ FFI_DSA_CPU_TARGET inline void DecodeE4M3ToBf16(const uint8_t* bytes, __m512i su
 
 // Decodes each head's 128 FP8 values with the page decoder, then moves each (2p, 2p + 1) pair
 // word from [h][p] to [p][h].
-FFI_DSA_CPU_TARGET inline void PrepareQuery(const uint8_t* q_row, const float* weights_row, PreparedQuery* out) {
-  alignas(64) uint16_t decoded[kNumHeads][kHeadDim];
+template <int kHeads>
+FFI_DSA_CPU_TARGET inline void PrepareQuery(const uint8_t* q_row, const float* weights_row,
+                                            PreparedQuery<kHeads>* out) {
+  alignas(64) uint16_t decoded[kHeads][kHeadDim];
   const __m512i subnormal_table = SubnormalBf16Table();
-  for (int h = 0; h < kNumHeads; ++h) {
+  for (int h = 0; h < kHeads; ++h) {
     for (int e = 0; e < kHeadDim; e += kBf16PerVector) {
       DecodeE4M3ToBf16(q_row + h * kHeadDim + e, subnormal_table, &decoded[h][e]);
     }
@@ -63,7 +66,7 @@ FFI_DSA_CPU_TARGET inline void PrepareQuery(const uint8_t* q_row, const float* w
   const __m512i head_offsets = _mm512_mullo_epi32(
       _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(kWordsPerHead));
   for (int p = 0; p < kPairs; ++p) {
-    for (int h0 = 0; h0 < kNumHeads; h0 += kLanes) {
+    for (int h0 = 0; h0 < kHeads; h0 += kLanes) {
       const __m512i pairs = _mm512_i32gather_epi32(head_offsets, &decoded[h0][2 * p], sizeof(uint32_t));
       _mm512_store_si512(&out->q_pairs[p][h0], pairs);
     }
@@ -72,51 +75,59 @@ FFI_DSA_CPU_TARGET inline void PrepareQuery(const uint8_t* q_row, const float* w
 }
 
 // logits[i][h] = sum_d q[h][d] * k[i][d] for kTok BF16 token rows k [kTok][kHeadDim].
-template <int kTok>
-FFI_DSA_CPU_TARGET inline void LogitsBlock(const PreparedQuery& pq, const uint16_t* k, float* logits) {
-  __m512 acc[kTok][kHeadVecs];
+template <int kTok, int kHeads>
+FFI_DSA_CPU_TARGET inline void LogitsBlock(const PreparedQuery<kHeads>& pq, const uint16_t* k, float* logits) {
+  constexpr int kVecs = kHeadVecs<kHeads>;
+  __m512 acc[kTok][kVecs];
 #pragma GCC unroll 8
   for (int i = 0; i < kTok; ++i) {
 #pragma GCC unroll 4
-    for (int j = 0; j < kHeadVecs; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int j = 0; j < kVecs; ++j) acc[i][j] = _mm512_setzero_ps();
   }
   for (int p = 0; p < kPairs; ++p) {
-    __m512bh q[kHeadVecs];
+    __m512bh q[kVecs];
 #pragma GCC unroll 4
-    for (int j = 0; j < kHeadVecs; ++j) q[j] = (__m512bh)_mm512_load_si512(&pq.q_pairs[p][j * kLanes]);
+    for (int j = 0; j < kVecs; ++j) q[j] = (__m512bh)_mm512_load_si512(&pq.q_pairs[p][j * kLanes]);
 #pragma GCC unroll 8
     for (int i = 0; i < kTok; ++i) {
       uint32_t pair;
       std::memcpy(&pair, k + i * kHeadDim + 2 * p, sizeof(pair));
       const __m512bh kk = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
 #pragma GCC unroll 4
-      for (int j = 0; j < kHeadVecs; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], q[j], kk);
+      for (int j = 0; j < kVecs; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], q[j], kk);
     }
   }
   for (int i = 0; i < kTok; ++i) {
-    for (int j = 0; j < kHeadVecs; ++j) _mm512_store_ps(logits + i * kNumHeads + j * kLanes, acc[i][j]);
+    for (int j = 0; j < kVecs; ++j) _mm512_store_ps(logits + i * kHeads + j * kLanes, acc[i][j]);
   }
 }
 
-// Writes the rank keys of the first `count` tokens of `page` (count <= 64).
-FFI_DSA_CPU_TARGET inline void ScorePage(const PreparedQuery& pq, const uint8_t* page, int count, uint32_t* keys) {
+// Decodes each block of the page's tokens once and scores it for every query that sees it.
+template <int kHeads>
+FFI_DSA_CPU_TARGET inline void ScorePage(const PageQueries<PreparedQuery<kHeads>>& queries, const uint8_t* page) {
   alignas(64) float scale[kPageTokens];
   alignas(64) uint16_t k[kTokensPerBlock * kHeadDim];
-  alignas(64) float logits[kTokensPerBlock * kNumHeads];
+  alignas(64) float logits[kTokensPerBlock * kHeads];
   std::memcpy(scale, page + kPageFp8Bytes, sizeof(scale));  // little-endian float32, as packed
   const __m512i subnormal_table = SubnormalBf16Table();
-  for (int t0 = 0; t0 < count; t0 += kTokensPerBlock) {
-    // A block may run past `count`: those rows exist (same page), their keys are not written.
+  const int decoded = queries.MaxCount();
+  for (int t0 = 0; t0 < decoded; t0 += kTokensPerBlock) {
+    // A block may run past a query's count: those rows exist (same page), their keys are not written.
     const bool full = t0 + kTokensPerBlock <= kPageTokens;
     const int rows = full ? kTokensPerBlock : kTailTokens;
     for (int e = 0; e < rows * kHeadDim; e += kBf16PerVector) {
       DecodeE4M3ToBf16(page + t0 * kHeadDim + e, subnormal_table, k + e);
     }
-    if (full) {
-      LogitsBlock<kTokensPerBlock>(pq, k, logits);
-    } else {
-      LogitsBlock<kTailTokens>(pq, k, logits);
+    for (int i = 0; i < queries.size; ++i) {
+      const int left = queries.count[i] - t0;
+      if (left <= 0) continue;
+      const PreparedQuery<kHeads>& pq = *queries.query[i];
+      if (full) {
+        LogitsBlock<kTokensPerBlock>(pq, k, logits);
+      } else {
+        LogitsBlock<kTailTokens>(pq, k, logits);
+      }
+      ScoreTokens<kHeads>(logits, pq.weights, scale + t0, rows < left ? rows : left, queries.keys[i] + t0);
     }
-    ScoreTokens(logits, pq.weights, scale + t0, rows < count - t0 ? rows : count - t0, keys + t0);
   }
 }

@@ -9,7 +9,8 @@
 
 using VecF = float __attribute__((vector_size(kLanes * sizeof(float))));
 using VecI = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
-constexpr int kHeadVecs = kNumHeads / kLanes;
+template <int kHeads>
+constexpr int kHeadVecs = kHeads / kLanes;  // vectors spanning one token's heads
 
 FFI_DSA_CPU_TARGET inline VecF LoadF(const float* p) {
   VecF v;
@@ -42,14 +43,15 @@ FFI_DSA_CPU_TARGET inline VecF DecodeE4M3(const uint8_t* bytes) {
   return AsF(AsI(value) | ((byte & kSignBit) << kSignShift));
 }
 
-// Rank keys of `count` tokens from their logits [count][kNumHeads]:
+// Rank keys of `count` tokens from their logits [count][kHeads]:
 // score = sum_h weights[h] * relu(logit[h] * scale), relu keeping NaN as the SPEC asks.
+template <int kHeads>
 FFI_DSA_CPU_TARGET inline void ScoreTokens(const float* logits, const float* weights, const float* scale,
                                            int count, uint32_t* keys) {
   for (int i = 0; i < count; ++i) {
     VecF sum{};
-    for (int j = 0; j < kHeadVecs; ++j) {
-      const VecF x = LoadF(logits + i * kNumHeads + j * kLanes) * scale[i];
+    for (int j = 0; j < kHeadVecs<kHeads>; ++j) {
+      const VecF x = LoadF(logits + i * kHeads + j * kLanes) * scale[i];
       sum += LoadF(weights + j * kLanes) * (x < 0.0f ? VecF{} : x);
     }
     keys[i] = ScoreToKey(ReduceAdd(sum));

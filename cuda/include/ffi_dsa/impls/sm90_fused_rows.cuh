@@ -9,6 +9,9 @@
 // 63.1 µs; the same kernel with a cluster of 8-16 CTAs per row for small batches was slower than
 // the two kernels everywhere (W1 17.5 -> 21.8, W6 50.1 -> 73.3 µs), so small batches keep them.
 //
+// With N queries per row (docs/contract.md §7) the CTA scores each page for every query that sees
+// it, keeps N rows of keys and selects them one after the other.
+//
 // Roles (512 threads = the select's thread count): four math warpgroups, each its own producer.
 // Page i of the row goes to warpgroup i % 4 and stage i % kFusedStages; the warpgroup's first
 // thread issues the page's TMA kFusedStages pages ahead, once its own 128 threads have released
@@ -31,44 +34,69 @@ namespace ffi_dsa::sm90 {
 
 struct FusedParams {
   const uint8_t* k_cache;
-  const float* weights;
-  SelectParams select;  // keys and staged_capacity unused: the row's keys never leave shared memory
+  const float* weights;   // [B * N, H]
+  uint32_t key_stride;    // keys of one query in shared memory: the table's width in tokens
+  SelectParams select;    // keys and staged_capacity unused: the row's keys never leave shared memory
 };
 
 constexpr int kFusedThreads = kSelectThreads;
 static_assert(kFusedThreads == kMathWarpgroups * kWarpgroupThreads, "every thread scores, then selects");
 // Two stages per warpgroup: one page computed while the next is in flight.
 constexpr int kFusedStages = 2 * kMathWarpgroups;
-// Longest row a CTA scores and stages (64 KB of keys; 216,064 B = 211 KB of shared memory in all).
-constexpr uint32_t kFusedMaxRowTokens = 16384;
-static_assert(kFusedMaxRowTokens / kPageTokens <= kMaxStagedPages, "the row's page ids in SelectSmem");
+// Most keys a CTA scores and stages, over its row's N queries (64 KB).
+constexpr uint32_t kFusedMaxRowKeys = 16384;
+static_assert(kFusedMaxRowKeys / kPageTokens <= kMaxStagedPages, "the row's page ids in SelectSmem");
+// Head weights held in registers (RowWeights): 512 threads may use 128 registers each.
+constexpr int kFusedHeldWeights = 128;
 
+template <int kHeads, int kQueries>
 struct alignas(1024) FusedRing {
   uint8_t k_tiles[kFusedStages][kPageFp8Bytes];  // each 1024-aligned: TMA swizzle-128B atoms
-  uint8_t q_tile[kQTileBytes];
+  uint8_t q_tiles[kQueries * kQTileBytes<kHeads>];  // query j at j x kHeads rows (whole swizzle atoms)
   float scales[kFusedStages][kPageTokens];
   uint64_t full[kFusedStages];
   uint64_t empty[kFusedStages];
   uint64_t q_full;
 };
+template <int kHeads, int kQueries>
 struct FusedSmem {
-  FusedRing ring;
+  FusedRing<kHeads, kQueries> ring;
   SelectSmem select;
 };
-__host__ __device__ constexpr size_t FusedKeysOffset() { return (sizeof(FusedSmem) + 127) / 128 * 128; }
-__host__ __device__ constexpr size_t FusedSmemBytes(uint32_t row_capacity) {
-  return 1024 /* alignment slack */ + FusedKeysOffset() + size_t(row_capacity) * sizeof(uint32_t);
+// Dynamic shared memory: FusedSmem, then kQueries x key_stride keys.
+template <int kHeads, int kQueries>
+__host__ __device__ constexpr size_t FusedKeysOffset() { return (sizeof(FusedSmem<kHeads, kQueries>) + 127) / 128 * 128; }
+template <int kHeads, int kQueries>
+__host__ __device__ constexpr size_t FusedSmemBytes(uint32_t key_stride) {
+  return 1024 /* alignment slack */ + FusedKeysOffset<kHeads, kQueries>() + size_t(kQueries) * key_stride * sizeof(uint32_t);
 }
 
+// The rows of at most K tokens in position order among the row's queries: written without scores,
+// after every select (WriteWholeRow reuses the page ids the selects read).
+template <int kQueries>
+__device__ __forceinline__ void WriteUnscoredQueries(const SelectParams& p, int64_t row, const int32_t (&length)[kQueries],
+                                                     SelectSmem& smem) {
+#pragma unroll
+  for (int j = 0; j < kQueries; ++j) {
+    if (!ScoresNeeded(length[j], p.topk, p.sorted)) {
+      __syncthreads();  // the previous writer's reads of the shared page table are done
+      WriteWholeRow(p, row * kQueries + j, row, length[j], smem);
+    }
+  }
+}
+
+template <int kHeads, int kQueries>
 __global__ void __launch_bounds__(kFusedThreads, 1)
     FusedRowsKernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap q_map,
                     const FusedParams fp) {
   extern __shared__ uint8_t fused_smem_raw[];
   uint8_t* base = AlignedSmem<1024>(fused_smem_raw);
-  FusedSmem& smem = *reinterpret_cast<FusedSmem*>(base);
-  FusedRing& ring = smem.ring;
-  uint32_t* row_keys = reinterpret_cast<uint32_t*>(base + FusedKeysOffset());
+  FusedSmem<kHeads, kQueries>& smem = *reinterpret_cast<FusedSmem<kHeads, kQueries>*>(base);
+  FusedRing<kHeads, kQueries>& ring = smem.ring;
   const SelectParams& p = fp.select;
+  constexpr int queries = kQueries;  // p.qs.queries
+  uint8_t* q_tiles = ring.q_tiles;
+  uint32_t* row_keys = reinterpret_cast<uint32_t*>(base + FusedKeysOffset<kHeads, kQueries>());
   const int64_t row = blockIdx.x;
   const int tid = threadIdx.x;
   // Programmatic dependent launch both ways (sm90_score_pages.cuh): the next call's first kernel may
@@ -77,22 +105,28 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   if (p.let_next_in) AllowDependentLaunch();
   WaitForPrecedingGrid();
 
-  const int64_t n = ClampedLength(p.seq_lens, row, p.max_pages);
-  if (!ScoresNeeded(n, p.topk, p.sorted)) {
-    WriteWholeRow(p, row, n, smem.select);
+  // Each query's length, and where its keys end (its length rounded up to a quad: the select reads
+  // whole quads; 0 for a query that needs no scores).
+  int32_t length[kQueries], written[kQueries];
+  uint32_t scored = 0;  // the queries that need scores (and a select)
+  int pages = 0;
+#pragma unroll
+  for (int j = 0; j < kQueries; ++j) {
+    length[j] = QueryLength(p.seq_lens, row, j, p.qs, p.max_pages);
+    const bool needed = ScoresNeeded(length[j], p.topk, p.sorted);
+    scored |= uint32_t(needed) << j;
+    written[j] = needed ? static_cast<int32_t>((int64_t(length[j]) + 3) / 4 * 4) : 0;
+    pages = max(pages, (written[j] + kPageTokens - 1) / kPageTokens);  // <= key_stride / 64 (host: table width)
+  }
+  if (scored == 0) {
+    WriteUnscoredQueries(p, row, length, smem.select);
     return;
   }
   ResetClusterSelect(smem.select.select);
-  const uint32_t m = static_cast<uint32_t>(n);  // <= kFusedMaxRowTokens (the host checks the table width)
-  const int pages = static_cast<int>((m + kPageTokens - 1) / kPageTokens);
   const int32_t* table = p.block_table + row * p.max_pages;
   int32_t* row_pages = smem.select.slice_pages;
   const int wg = tid / kWarpgroupThreads;
   const bool issuer = tid % kWarpgroupThreads == 0;
-  auto page_id = [&](int i) {
-    const int32_t page = table[i];
-    return page >= 0 && page < p.num_pages ? page : -1;  // -1: not a page, its tokens are not candidates
-  };
   if (tid == 0) {
     for (int st = 0; st < kFusedStages; ++st) {
       MbarInit(&ring.full[st], 1);
@@ -102,11 +136,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     FenceBarrierInit();
     if (pages > 0) {
       if (p.num_pages > 0) PrefetchTensorMap(&k_map);  // with no pages the map is left unencoded
-      MbarArriveExpectTx(&ring.q_full, kQTileBytes);
-      TmaLoad2d(ring.q_tile, &q_map, 0, static_cast<int32_t>(row * kNumHeads), &ring.q_full);
+      MbarArriveExpectTx(&ring.q_full, queries * kQTileBytes<kHeads>);
+      TmaLoad2d(q_tiles, &q_map, 0, static_cast<int32_t>(row * queries * kHeads), &ring.q_full);
     }
   }
-  for (int i = tid; i < pages; i += kFusedThreads) row_pages[i] = page_id(i);
+  for (int i = tid; i < pages; i += kFusedThreads) {
+    const int32_t page = table[i];
+    row_pages[i] = page >= 0 && page < p.num_pages ? page : -1;  // -1: not a page, its tokens are not candidates
+  }
   __syncthreads();  // barrier init, row_pages, the select's reset
 
   auto issue = [&](int i) {
@@ -125,56 +162,83 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   }
   __syncwarp();
 
-  // ---- score the row into shared memory ---------------------------------------------------
+  // ---- score the row's queries into shared memory -------------------------------------------
   const int warp = (tid % kWarpgroupThreads) / 32, lane = tid % 32;
   const int r0 = 16 * warp + lane / 4;  // wgmma m64nN accumulator rows r0 and r0 + 8
-  SliceStats thread_stats = EmptyStats();  // this thread's share of the row's stats, gathered while scoring
-  if (wg < pages) {
-    float w[16];
-    const float* wrow = fp.weights + row * kNumHeads + 2 * (lane % 4);
+  // This thread's share of each query's stats, gathered while scoring.
+  SliceStats stats[kQueries];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      w[2 * j] = __ldg(wrow + 8 * j);
-      w[2 * j + 1] = __ldg(wrow + 8 * j + 1);
-    }
+  for (int j = 0; j < kQueries; ++j) stats[j] = EmptyStats();
+  RowWeights<kHeads, kQueries, kFusedHeldWeights> weights;
+  if (wg < pages) {
+    weights.Load(fp.weights + row * queries * kHeads, lane);
     MbarWait(&ring.q_full, 0);
-    const uint64_t desc_q = SmemDescSw128(ring.q_tile);
-    const uint32_t written = (m + 3) / 4 * 4;  // the select reads whole quads: pad with kNotCandidate
-    for (int i = wg; i < pages; i += kMathWarpgroups) {
-      const int st = i % kFusedStages;
-      const uint32_t phase = (i / kFusedStages) & 1;
-      MbarWait(&ring.full[st], phase);
-      const bool valid = row_pages[i] >= 0;  // uniform over the warpgroup
-      float acc[32];
-      float scale0 = 0.0f, scale1 = 0.0f;
-      if (valid) PageLogits(acc, ring.k_tiles[st], desc_q, ring.scales[st], r0, scale0, scale1);
+  }
+  for (int i = wg; i < pages; i += kMathWarpgroups) {
+    const int st = i % kFusedStages;
+    const uint32_t phase = (i / kFusedStages) & 1;
+    MbarWait(&ring.full[st], phase);
+    const bool valid = row_pages[i] >= 0;  // uniform over the warpgroup
+    const int32_t page_t0 = i * kPageTokens;
+    uint32_t seen = 0;  // the queries that see this page (uniform)
+#pragma unroll
+    for (int j = 0; j < kQueries; ++j) seen |= uint32_t(page_t0 < written[j]) << j;
+    const int last = seen ? 31 - __clz(seen) : -1;  // (seen != 0: page i is below some query's end)
+    auto release = [&] {
       MbarArrive(&ring.empty[st]);  // this thread no longer reads the stage
       if (issuer && i + kFusedStages < pages) {
         MbarWait(&ring.empty[st], phase);  // every thread of the warpgroup released it
         issue(i + kFusedStages);
       }
       __syncwarp();  // converged again for the shuffles below and the next wgmma (.aligned)
+    };
+    if (last < 0) release();  // never taken; keeps the stage's arrivals exact if that ever changes
+#pragma unroll
+    for (int j = 0; j < kQueries; ++j) {
+      if (!((seen >> j) & 1)) continue;
+      float acc[kHeads / 2];
+      float scale0 = 0.0f, scale1 = 0.0f;
+      if (valid) {
+        PageLogits<kHeads>(acc, ring.k_tiles[st], SmemDescSw128(q_tiles + j * kQTileBytes<kHeads>), ring.scales[st],
+                           r0, scale0, scale1);
+      }
+      if (j == last) release();
       uint32_t k0 = kNotCandidate, k1 = kNotCandidate;
       if (valid) {  // (the quad's shuffles in TokenScore need every lane)
-        k0 = ScoreToKey(TokenScore(acc, 0, scale0, w));
-        k1 = ScoreToKey(TokenScore(acc, 2, scale1, w));
+        float w[kHeads / 4];
+        weights.Get(j, lane, w);
+        k0 = ScoreToKey(TokenScore<kHeads>(acc, 0, scale0, w));
+        k1 = ScoreToKey(TokenScore<kHeads>(acc, 2, scale1, w));
       }
       if (lane % 4 == 0) {  // (the quad's four lanes hold the same two keys)
-        const uint32_t t0 = uint32_t(i) * kPageTokens + r0, t1 = t0 + 8;
-        if (t0 >= m) k0 = kNotCandidate;
-        if (t1 >= m) k1 = kNotCandidate;
-        AddKey(thread_stats, k0);
-        AddKey(thread_stats, k1);
-        if (t0 < written) row_keys[t0] = k0;
-        if (t1 < written) row_keys[t1] = k1;
+        const int32_t t0 = page_t0 + r0, t1 = t0 + 8;
+        if (t0 >= length[j]) k0 = kNotCandidate;
+        if (t1 >= length[j]) k1 = kNotCandidate;
+        AddKey(stats[j], k0);
+        AddKey(stats[j], k1);
+        uint32_t* query_keys = row_keys + j * fp.key_stride;
+        if (t0 < written[j]) query_keys[t0] = k0;
+        if (t1 < written[j]) query_keys[t1] = k1;
       }
     }
   }
   __syncthreads();  // the row's keys are in shared memory
 
-  const KeySpan keys{row_keys, nullptr, m};
-  SelectSlice(p, smem.select, row, n, /*begin=*/0, keys, thread_stats, row_pages, /*landed=*/nullptr,
-              /*cluster_size=*/1, /*cluster_rank=*/0);
+  bool first_select = true;
+#pragma unroll
+  for (int j = 0; j < kQueries; ++j) {
+    if (!((scored >> j) & 1)) continue;
+    if (!first_select) {
+      __syncthreads();  // the previous select's reads of the shared state are done
+      ResetClusterSelect(smem.select.select);
+      __syncthreads();
+    }
+    first_select = false;
+    const KeySpan keys{row_keys + j * fp.key_stride, nullptr, static_cast<uint32_t>(length[j])};
+    SelectSlice(p, smem.select, row * queries + j, row, length[j], /*begin=*/0, keys, stats[j], row_pages,
+                /*landed=*/nullptr, /*cluster_size=*/1, /*cluster_rank=*/0);
+  }
+  WriteUnscoredQueries(p, row, length, smem.select);
 }
 
 }  // namespace ffi_dsa::sm90

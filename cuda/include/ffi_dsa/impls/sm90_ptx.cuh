@@ -121,9 +121,10 @@ __device__ __forceinline__ float ReluNaN(float x) {
 
 // Keeps the compiler from moving reads or writes of wgmma accumulators across the async
 // window (between issue and wait the registers belong to the tensor cores).
-__device__ __forceinline__ void FenceOperand(float (&d)[32]) {
+template <int kRegs>
+__device__ __forceinline__ void FenceOperand(float (&d)[kRegs]) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < kRegs; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // D[64x64] (+)= A[64x32] * B[64x32]^T, e4m3 x e4m3 -> f32, both operands K-major in shared memory.
@@ -144,6 +145,35 @@ __device__ __forceinline__ void WgmmaM64N64K32E4M3(float (&d)[32], uint64_t desc
         "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
         "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+// D[64x32] (+)= A[64x32] * B[32x32]^T: the same for a 32-head query.
+__device__ __forceinline__ void WgmmaM64N32K32E4M3(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
+                                                   bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+        "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+// The m64nN k32 FP8 wgmma with N = kHeads (64 or 32): kHeads / 2 accumulators per thread.
+template <int kHeads>
+__device__ __forceinline__ void WgmmaHeadsK32(float (&d)[kHeads / 2], uint64_t desc_a, uint64_t desc_b,
+                                              bool accumulate) {
+  static_assert(kHeads == 64 || kHeads == 32, "the contract's head counts");
+  if constexpr (kHeads == 64) {
+    WgmmaM64N64K32E4M3(d, desc_a, desc_b, accumulate);
+  } else {
+    WgmmaM64N32K32E4M3(d, desc_a, desc_b, accumulate);
+  }
 }
 
 }  // namespace ffi_dsa::sm90

@@ -7,8 +7,24 @@
 
 namespace ffi_dsa::sm90 {
 
-__device__ __forceinline__ int64_t ClampedLength(const int32_t* seq_lens, int64_t b, int32_t max_pages) {
-  return ClampLength(seq_lens[b], max_pages);
+// How the N query tokens of each row see it (docs/contract.md §7). Query j of row b is query row
+// b * N + j: its q, weights, workspace keys and output row.
+struct QueryShape {
+  int32_t queries;      // N
+  bool per_query_lens;  // seq_lens is [B, N]; else [B], the queries being the row's last N tokens
+};
+
+// Tokens query j of row b sees, from a seq_lens entry already read (the select reads it through
+// L2). At most the entry itself, so it fits 32 bits.
+__device__ __forceinline__ int32_t QueryLengthOf(int32_t entry, int j, QueryShape qs, int32_t max_pages) {
+  return static_cast<int32_t>(VisibleTokens(entry, j, qs.queries, qs.per_query_lens, max_pages));
+}
+__device__ __forceinline__ const int32_t* QueryLengthEntry(const int32_t* seq_lens, int64_t b, int j, QueryShape qs) {
+  return seq_lens + SeqLensIndex(b, j, qs.queries, qs.per_query_lens);
+}
+__device__ __forceinline__ int32_t QueryLength(const int32_t* seq_lens, int64_t b, int j, QueryShape qs,
+                                               int32_t max_pages) {
+  return QueryLengthOf(*QueryLengthEntry(seq_lens, b, j, qs), j, qs, max_pages);
 }
 
 // A row of more than K tokens needs a threshold (and the row stats it starts from); one of at most
@@ -23,9 +39,25 @@ __host__ __device__ __forceinline__ bool ScoresNeeded(int64_t tokens, int32_t to
   return sorted || ThresholdNeeded(tokens, topk);
 }
 
-// Pages kernel 1 scores for a row of n tokens.
+// Pages kernel 1 scores for a query of n tokens.
 __device__ __forceinline__ int32_t ScoredPages(int64_t n, int32_t topk, bool sorted) {
   return ScoresNeeded(n, topk, sorted) ? static_cast<int32_t>((n + kPageTokens - 1) / kPageTokens) : 0;
+}
+
+// Pages kernel 1 scores for row b: each page once for all of the row's kQueries queries, up to the
+// longest prefix among those that need scores. ScoresNeeded grows with the length, so the row's
+// longest query decides: with seq_lens [B] (or one query) the last query, which sees seq_lens[b]
+// itself (one load: this runs in every role's prologue and row walk, where a loop over the queries
+// doubled kernel 1's code).
+template <int kQueries>
+__device__ __forceinline__ int32_t RowScoredPages(const int32_t* seq_lens, int64_t b, QueryShape qs, int32_t max_pages,
+                                                  int32_t topk, bool sorted) {
+  int32_t longest = seq_lens[b * (qs.per_query_lens ? kQueries : 1)];
+  if (kQueries > 1 && qs.per_query_lens) {
+#pragma unroll
+    for (int j = 1; j < kQueries; ++j) longest = max(longest, seq_lens[b * kQueries + j]);
+  }
+  return ScoredPages(ClampLength(longest, max_pages), topk, sorted);
 }
 
 }  // namespace ffi_dsa::sm90

@@ -9,15 +9,18 @@
 // ~33 GB/s, so a row left to one CTA is slow; all 132 together out-pull HBM.)
 //
 // Roles (one CTA, 640 threads):
-//   warpgroups 0-3  math: page i of the CTA goes to warpgroup i % 4; 4 x wgmma m64n64k32 (tokens
-//                   = M, heads = N, both K-major FP8 in 128B-swizzled smem) -> scale, relu, head
+//   warpgroups 0-3  math: page i of the CTA goes to warpgroup i % 4; for each of the row's N
+//                   queries that sees the page, 4 x wgmma m64nHk32 (tokens = M, the query's H
+//                   heads = N, both K-major FP8 in 128B-swizzled smem) -> scale, relu, head
 //                   weights, head sum in registers -> one rank key (rank_key.h) per token, stored
-//                   to the workspace row [B, max_pages * 64] (4 bytes per token: ~3% of the 132
-//                   bytes read for it; the select kernel reads it back from L2).
+//                   to the query row's workspace row [B * N, max_pages * 64] (4 bytes per token:
+//                   ~3% of the 132 bytes read for it; the select kernel reads it back from L2).
+//                   The page is read from memory once for all N queries (docs/contract.md §7).
 //   warpgroup 4     producer: four warps, each issuing every 4th page (one issuing thread
 //                   capped a CTA at a page per ~600 cycles), into a ring of kStages stages
-//                   (full/empty mbarriers); warp 0 also loads each segment's Q by TMA into one of
-//                   two Q buffers. Invalid page ids are never loaded: their tokens get key 0.
+//                   (full/empty mbarriers); warp 0 also loads each segment's Q (N x H heads) by
+//                   TMA into one of two buffers. Invalid page ids are never loaded: their tokens
+//                   get key 0.
 #pragma once
 #include <cuda.h>
 
@@ -33,16 +36,17 @@ namespace ffi_dsa::sm90 {
 
 struct ScoreParams {
   const uint8_t* k_cache;
-  const float* weights;
+  const float* weights;  // [B * N, H]
   const int32_t* seq_lens;
   const int32_t* block_table;
-  uint32_t* keys;      // [B, row_stride] workspace; written for t < seq_len rounded up to 4 (the pad: kNotCandidate)
+  uint32_t* keys;      // [B * N, row_stride] workspace; written for t < the query's length rounded up to 4 (the pad: kNotCandidate)
   int64_t row_stride;  // max_pages * 64
   int64_t num_pages;
   int32_t batch;
   int32_t max_pages;
   int32_t topk;
   bool sorted;
+  QueryShape qs;
 };
 
 constexpr int kScoreThreads = 640;
@@ -59,12 +63,18 @@ constexpr int kIssuerWarps = 4;
 // The stage barriers are waited on by phase parity, which is sound only if each stage always
 // belongs to the same producer warp and warpgroup (a 10-stage build gave no results on the H100).
 static_assert(kStages % kIssuerWarps == 0 && kStages % kMathWarpgroups == 0, "stage ownership");
-constexpr int kQTileBytes = kNumHeads * kHeadDim;
+// One query's heads; a segment's Q is its row's N of them, query j at j x kHeads rows (a whole
+// number of 1024-byte swizzle atoms, so each query's tile is an operand of its own).
+template <int kHeads>
+constexpr int kQTileBytes = kHeads * kHeadDim;
 constexpr int64_t kPrefetchTableBytes = int64_t(8) << 20;
 
+// Kernels are compiled per head count and per N (kQueries): the query loops unroll to exactly N
+// copies and the Q buffers hold N tiles.
+template <int kHeads, int kQueries>
 struct alignas(1024) ScoreSmem {
   uint8_t k_tiles[kStages][kPageFp8Bytes];  // each 1024-aligned: TMA swizzle-128B atoms
-  uint8_t q_tiles[2][kQTileBytes];           // segment k uses buffer k % 2
+  uint8_t q_tiles[2][kQueries * kQTileBytes<kHeads>];   // segment k uses buffer k % 2
   float scales[kStages][kPageTokens];
   int32_t stage_page[kStages];               // page id of the stage, written before its full arrive
   uint64_t full[kStages];
@@ -76,7 +86,8 @@ struct alignas(1024) ScoreSmem {
   int32_t first_row;
 };
 
-inline constexpr size_t ScoreSmemBytes() { return 1024 /* alignment slack */ + sizeof(ScoreSmem); }
+template <int kHeads, int kQueries>
+inline constexpr size_t ScoreSmemBytes() { return 1024 /* alignment slack */ + sizeof(ScoreSmem<kHeads, kQueries>); }
 
 // Walks the rows that intersect a CTA's flat page range, one segment (row, page range) at a time.
 // Every role walks it on its own; the walk is deterministic, so all agree on segment k.
@@ -86,20 +97,18 @@ struct SegmentWalk {
   long long next, end;  // the CTA's flat range still to cover
   // Current segment.
   int64_t seg_row;
-  int64_t tokens;  // the row's clamped length
   int32_t page_begin, page_end;
 
+  template <int kQueries>
   __device__ bool Next(const ScoreParams& p) {
     while (next < end) {
-      const int64_t n = ClampedLength(p.seq_lens, row, p.max_pages);
-      const long long pages = ScoredPages(n, p.topk, p.sorted);
+      const long long pages = RowScoredPages<kQueries>(p.seq_lens, row, p.qs, p.max_pages, p.topk, p.sorted);
       if (next >= row_start + pages) {  // past this row (also skips empty and unscored rows)
         row_start += pages;
         ++row;
         continue;
       }
       seg_row = row;
-      tokens = n;
       page_begin = static_cast<int32_t>(next - row_start);
       page_end = static_cast<int32_t>(min(pages, end - row_start));
       next = row_start + page_end;
@@ -109,23 +118,66 @@ struct SegmentWalk {
   }
 };
 
+// Head weights of this thread's accumulator columns (8j + 2 (lane % 4) + {0, 1}), from a query's
+// kHeads weights (scalar loads: a weights view need not be 8-byte aligned).
+template <int kHeads>
+__device__ __forceinline__ void LoadHeadWeights(const float* query_weights, int lane, float (&w)[kHeads / 4]) {
+#pragma unroll
+  for (int j = 0; j < kHeads / 8; ++j) {
+    w[2 * j] = __ldg(query_weights + 8 * j + 2 * (lane % 4));
+    w[2 * j + 1] = __ldg(query_weights + 8 * j + 2 * (lane % 4) + 1);
+  }
+}
+
+// This thread's head weights of a row's N queries. Kept in registers when they fit beside the
+// accumulators (N x H <= kMaxHeld: kMaxHeld / 4 registers), loaded once per row; otherwise read
+// again for every page and query, from L1. The bound is the kernel's register budget: kernel 1
+// (640 threads, at most 102 registers) spilled holding 2 x 64 heads. (Reading them for every page even with N = 1 slowed kernel 1
+// down measurably; a copy in shared memory needed a barrier of all math warpgroups at every row,
+// which stalled their pipelines: benchmarks/NOTES.md.)
+template <int kHeads, int kQueries, int kMaxHeld>
+struct RowWeights {
+  static constexpr bool kInRegisters = kQueries * kHeads <= kMaxHeld;
+  float held[kInRegisters ? kQueries : 1][kHeads / 4];
+  const float* row;  // [kQueries][kHeads] in global memory
+
+  __device__ __forceinline__ void Load(const float* row_weights, int lane) {
+    row = row_weights;
+    if constexpr (kInRegisters) {
+#pragma unroll
+      for (int j = 0; j < kQueries; ++j) LoadHeadWeights<kHeads>(row + j * kHeads, lane, held[j]);
+    }
+  }
+  // Query j's weights (j a compile-time index after unrolling).
+  __device__ __forceinline__ void Get(int j, int lane, float (&w)[kHeads / 4]) const {
+    if constexpr (kInRegisters) {
+#pragma unroll
+      for (int x = 0; x < kHeads / 4; ++x) w[x] = held[j][x];
+    } else {
+      LoadHeadWeights<kHeads>(row + j * kHeads, lane, w);
+    }
+  }
+};
+
 // Score of one accumulator row of this thread (`half` 0: row r0, 2: row r0 + 8), summed over
 // the quad that shares the row. SPEC order is relu(logit * scale); for a non-negative scale
 // that cannot overflow a logit (< 2^64) that equals scale * relu(logit), which saves a multiply
 // per head. Four partial sums shorten the dependent chain.
-__device__ __forceinline__ float TokenScore(const float (&acc)[32], int half, float scale, const float (&w)[16]) {
+template <int kHeads>
+__device__ __forceinline__ float TokenScore(const float (&acc)[kHeads / 2], int half, float scale,
+                                            const float (&w)[kHeads / 4]) {
   float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float score;
   if (scale >= 0.0f && scale < 1.8446744e19f) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < kHeads / 8; ++j) {
       part[(2 * j) & 3] = fmaf(w[2 * j], ReluNaN(acc[4 * j + half]), part[(2 * j) & 3]);
       part[(2 * j + 1) & 3] = fmaf(w[2 * j + 1], ReluNaN(acc[4 * j + half + 1]), part[(2 * j + 1) & 3]);
     }
     score = ((part[0] + part[1]) + (part[2] + part[3])) * scale;
   } else {  // negative, huge, infinite or NaN scale: exactly as written
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < kHeads / 8; ++j) {
       part[(2 * j) & 3] = fmaf(w[2 * j], ReluNaN(acc[4 * j + half] * scale), part[(2 * j) & 3]);
       part[(2 * j + 1) & 3] = fmaf(w[2 * j + 1], ReluNaN(acc[4 * j + half + 1] * scale), part[(2 * j + 1) & 3]);
     }
@@ -136,19 +188,20 @@ __device__ __forceinline__ float TokenScore(const float (&acc)[32], int half, fl
   return score;
 }
 
-// The [64 tokens x 64 heads] FP8 product of one staged page with Q (4 x wgmma m64n64k32, both
-// operands K-major, 128B-swizzled), and this thread's two token scales (rows r0 and r0 + 8), read
-// while the tensor cores work. Every thread of the warpgroup calls it.
-__device__ __forceinline__ void PageLogits(float (&acc)[32], const uint8_t* k_tile, uint64_t desc_q,
+// The [64 tokens x kHeads heads] FP8 product of one staged page with one query (4 x wgmma
+// m64nHk32, both operands K-major, 128B-swizzled), and this thread's two token scales (rows r0
+// and r0 + 8), read while the tensor cores work. Every thread of the warpgroup calls it.
+template <int kHeads>
+__device__ __forceinline__ void PageLogits(float (&acc)[kHeads / 2], const uint8_t* k_tile, uint64_t desc_q,
                                            const float* page_scales, int r0, float& scale0, float& scale1) {
 #pragma unroll
-  for (int x = 0; x < 32; ++x) acc[x] = 0.0f;
+  for (int x = 0; x < kHeads / 2; ++x) acc[x] = 0.0f;
   FenceOperand(acc);
   WgmmaFence();
   const uint64_t desc_k = SmemDescSw128(k_tile);
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 32; ++kk) {
-    WgmmaM64N64K32E4M3(acc, DescAdvance(desc_k, kk * 32), DescAdvance(desc_q, kk * 32), kk > 0);
+    WgmmaHeadsK32<kHeads>(acc, DescAdvance(desc_k, kk * 32), DescAdvance(desc_q, kk * 32), kk > 0);
   }
   WgmmaCommit();
   scale0 = page_scales[r0];
@@ -157,14 +210,29 @@ __device__ __forceinline__ void PageLogits(float (&acc)[32], const uint8_t* k_ti
   FenceOperand(acc);
 }
 
+// Producer warp 0's leader: segment `segment`'s Q (the row's N queries x kHeads heads) by TMA into
+// buffer segment % 2, once the math threads released its previous use.
+template <int kHeads, int kQueries>
+__device__ __forceinline__ void LoadSegmentQ(ScoreSmem<kHeads, kQueries>& s, const CUtensorMap& q_map, int64_t row,
+                                             int segment) {
+  const int qb = segment & 1;
+  if (segment >= 2) MbarWait(&s.q_empty[qb], ((segment >> 1) - 1) & 1);
+  MbarArriveExpectTx(&s.q_full[qb], kQueries * kQTileBytes<kHeads>);
+  TmaLoad2d(s.q_tiles[qb], &q_map, 0, static_cast<int32_t>(row * kQueries * kHeads), &s.q_full[qb]);
+}
+
+// Head weights kernel 1 keeps in registers (RowWeights): one query of 64 heads or two of 32.
+constexpr int kHeldWeights = 64;
+
 // First local page index >= i0 that belongs to `lane_of_four` (pages go round-robin by i % 4).
 __device__ __forceinline__ int FirstOwned(int i0, int lane_of_four) { return i0 + ((lane_of_four - i0 % 4) + 4) % 4; }
 
+template <int kHeads, int kQueries>
 __global__ void __launch_bounds__(kScoreThreads, 1)
     ScorePagesKernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap q_map,
                      const ScoreParams p) {
   extern __shared__ uint8_t smem_raw[];
-  ScoreSmem& s = *reinterpret_cast<ScoreSmem*>(AlignedSmem<1024>(smem_raw));
+  ScoreSmem<kHeads, kQueries>& s = *reinterpret_cast<ScoreSmem<kHeads, kQueries>*>(AlignedSmem<1024>(smem_raw));
   const int tid = threadIdx.x;
   // The block table into L2 while seq_lens (cold) is read and scanned: a CTA learns which rows it
   // scores only after the scan, and its first page id read was then a second cold HBM round trip
@@ -216,7 +284,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   long long first_tile_before = 0, first_tile_total = 0;
   for (int64_t base = 0; base < p.batch; base += kScoreThreads) {
     const int64_t r = base + tid;
-    const int pages = r < p.batch ? ScoredPages(ClampedLength(p.seq_lens, r, p.max_pages), p.topk, p.sorted) : 0;
+    const int pages = r < p.batch ? RowScoredPages<kQueries>(p.seq_lens, r, p.qs, p.max_pages, p.topk, p.sorted) : 0;
     long long before, tile_total;
     Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
     if (base == 0) {
@@ -243,7 +311,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     int pages = first_tile_pages;
     long long before = first_tile_before, tile_total = first_tile_total;
     if (base > 0) {
-      pages = r < p.batch ? ScoredPages(ClampedLength(p.seq_lens, r, p.max_pages), p.topk, p.sorted) : 0;
+      pages = r < p.batch ? RowScoredPages<kQueries>(p.seq_lens, r, p.qs, p.max_pages, p.topk, p.sorted) : 0;
       Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
     }
     before += carry;
@@ -254,7 +322,8 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     carry += tile_total;
     __syncthreads();
   }
-  SegmentWalk walk{s.first_row, s.first_row_start, range_begin, range_end, 0, 0, 0, 0};
+  SegmentWalk walk{s.first_row, s.first_row_start, range_begin, range_end, 0, 0, 0};
+  constexpr int queries = kQueries;  // p.qs.queries
 
   if (tid >= kMathThreads) {
     // ---- producer --------------------------------------------------------------------------
@@ -264,14 +333,9 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     const bool leader = lane == 0;
     if (pw >= kIssuerWarps) return;
     int segment = 0, i0 = 0;
-    while (walk.Next(p)) {
+    while (walk.Next<kQueries>(p)) {
       const int np = walk.page_end - walk.page_begin;
-      if (pw == 0 && leader) {
-        const int qb = segment & 1;
-        if (segment >= 2) MbarWait(&s.q_empty[qb], ((segment >> 1) - 1) & 1);
-        MbarArriveExpectTx(&s.q_full[qb], kQTileBytes);
-        TmaLoad2d(s.q_tiles[qb], &q_map, 0, static_cast<int32_t>(walk.seg_row * kNumHeads), &s.q_full[qb]);
-      }
+      if (pw == 0 && leader) LoadSegmentQ(s, q_map, walk.seg_row, segment);
       __syncwarp();
       // table[i - i0] is the page id of the CTA's local page i.
       const int32_t* table = p.block_table + walk.seg_row * p.max_pages + walk.page_begin;
@@ -307,52 +371,64 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   // ---- math ------------------------------------------------------------------------------------
   const int wg = tid / kWarpgroupThreads, warp = (tid % kWarpgroupThreads) / 32, lane = tid % 32;
   // Accumulator layout of wgmma m64nN: thread holds rows r0 and r0 + 8, columns
-  // 8j + 2 * (lane % 4) + {0, 1} for j < 8. Keep the matching head weights in registers.
+  // 8j + 2 * (lane % 4) + {0, 1} for j < N / 8.
   const int r0 = 16 * warp + lane / 4;
   int segment = 0, i0 = 0;
-  while (walk.Next(p)) {
+  while (walk.Next<kQueries>(p)) {
     const int np = walk.page_end - walk.page_begin;
     const int qb = segment & 1;
     const int first = FirstOwned(i0, wg);
-    // The head weights are loaded before the Q wait: on a cold call both are HBM round trips,
-    // and this way they overlap instead of adding up.
-    float w[16];
-    if (first < i0 + np) {
-      const float* wrow = p.weights + walk.seg_row * kNumHeads + 2 * (lane % 4);
+    // Each query's keys end at its length rounded up to a quad (the select reads whole quads;
+    // the pad gets kNotCandidate); 0 for a query that needs no scores. Read before the Q wait:
+    // on a cold call seq_lens and Q are both memory round trips, and this way they overlap.
+    int32_t length[kQueries], written[kQueries];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        w[2 * j] = __ldg(wrow + 8 * j);
-        w[2 * j + 1] = __ldg(wrow + 8 * j + 1);
-      }
+    for (int j = 0; j < kQueries; ++j) {
+      length[j] = QueryLength(p.seq_lens, walk.seg_row, j, p.qs, p.max_pages);
+      written[j] = ScoresNeeded(length[j], p.topk, p.sorted) ? static_cast<int32_t>((int64_t(length[j]) + 3) / 4 * 4) : 0;
     }
+    // The head weights too (HBM round trips on a cold call, like Q: loaded before its wait).
+    RowWeights<kHeads, kQueries, kHeldWeights> weights;
+    weights.Load(p.weights + walk.seg_row * queries * kHeads, lane);
     // Every math thread waits for the segment's Q, pages or not: its q_empty arrival below must
     // not run ahead into the next phase of the buffer (a warpgroup with no page in several
     // one-page segments would otherwise arrive for segment k + 2 before others did for k).
     MbarWait(&s.q_full[qb], (segment >> 1) & 1);
-    if (first < i0 + np) {
-      uint32_t* row_keys = p.keys + walk.seg_row * p.row_stride;
-      const uint64_t desc_q = SmemDescSw128(s.q_tiles[qb]);
-      for (int i = first; i < i0 + np; i += kMathWarpgroups) {
-        const int stage = i % kStages;
-        MbarWait(&s.full[stage], (i / kStages) & 1);
-        const int32_t page = s.stage_page[stage];
-        const bool valid = page >= 0 && page < p.num_pages;  // uniform over the warpgroup
-        float acc[32];
+    for (int i = first; i < i0 + np; i += kMathWarpgroups) {
+      const int stage = i % kStages;
+      MbarWait(&s.full[stage], (i / kStages) & 1);
+      const int32_t page = s.stage_page[stage];
+      const bool valid = page >= 0 && page < p.num_pages;  // uniform over the warpgroup
+      const int64_t page_t0 = int64_t(walk.page_begin + (i - i0)) * kPageTokens;
+      // The queries that see this page (uniform); the stage is released after the last one's wgmma.
+      uint32_t seen = 0;
+#pragma unroll
+      for (int j = 0; j < kQueries; ++j) seen |= uint32_t(page_t0 < written[j]) << j;
+      const int last = seen ? 31 - __clz(seen) : -1;
+      if (last < 0) MbarArrive(&s.empty[stage]);
+#pragma unroll
+      for (int j = 0; j < kQueries; ++j) {
+        if (!((seen >> j) & 1)) continue;
+        float w[kHeads / 4];
+        weights.Get(j, lane, w);
+        float acc[kHeads / 2];
         float scale0 = 0.0f, scale1 = 0.0f;
-        if (valid) PageLogits(acc, s.k_tiles[stage], desc_q, s.scales[stage], r0, scale0, scale1);
-        MbarArrive(&s.empty[stage]);  // this thread no longer reads the stage
-        const int64_t t0 = int64_t(walk.page_begin + (i - i0)) * kPageTokens + r0, t1 = t0 + 8;
+        if (valid) {
+          PageLogits<kHeads>(acc, s.k_tiles[stage], SmemDescSw128(s.q_tiles[qb] + j * kQTileBytes<kHeads>),
+                             s.scales[stage], r0, scale0, scale1);
+        }
+        if (j == last) MbarArrive(&s.empty[stage]);  // this thread no longer reads the stage
         uint32_t k0 = kNotCandidate, k1 = kNotCandidate;
         if (valid) {
-          k0 = ScoreToKey(TokenScore(acc, 0, scale0, w));
-          k1 = ScoreToKey(TokenScore(acc, 2, scale1, w));
+          k0 = ScoreToKey(TokenScore<kHeads>(acc, 0, scale0, w));
+          k1 = ScoreToKey(TokenScore<kHeads>(acc, 2, scale1, w));
         }
         if (lane % 4 == 0) {
-          // The select reads whole 4-key quads, so the up to 3 slots after the row's last token
-          // get kNotCandidate: every byte it reads was written (compute-sanitizer initcheck).
-          const int64_t written = (walk.tokens + 3) / 4 * 4;
-          if (t0 < written) row_keys[t0] = t0 < walk.tokens ? k0 : kNotCandidate;
-          if (t1 < written) row_keys[t1] = t1 < walk.tokens ? k1 : kNotCandidate;
+          // Every byte the select reads was written (compute-sanitizer initcheck).
+          uint32_t* query_keys = p.keys + (walk.seg_row * queries + j) * p.row_stride;
+          const int64_t t0 = page_t0 + r0, t1 = t0 + 8;
+          if (t0 < written[j]) query_keys[t0] = t0 < length[j] ? k0 : kNotCandidate;
+          if (t1 < written[j]) query_keys[t1] = t1 < length[j] ? k1 : kNotCandidate;
         }
       }
     }

@@ -1,6 +1,7 @@
-// Kernel 2 of the Hopper path: the exact top-K of every row from the rank keys kernel 1 left in
-// the workspace (L2-resident right after it). One cluster of `cluster_size` CTAs per row
-// (sm90_cluster_topk.cuh); CTA r of the cluster owns the r-th slice of the row (whole pages).
+// Kernel 2 of the Hopper path: the exact top-K of every query row (query j of row b, b * N + j)
+// from the rank keys kernel 1 left in the workspace (L2-resident right after it). One cluster of
+// `cluster_size` CTAs per query row (sm90_cluster_topk.cuh); CTA r of the cluster owns the r-th
+// slice of the query's prefix of the row (whole pages).
 // A slice of up to `staged_capacity` keys is copied once into shared memory by one bulk copy
 // and every pass reads it there; longer slices (rows of more than 16 x 32K tokens) are walked
 // from L2 on every pass. Launched with programmatic stream serialization: its CTAs are placed
@@ -14,11 +15,12 @@
 #include "ffi_dsa/impls/sm90_ptx.cuh"
 #include "ffi_dsa/impls/sm90_rows.cuh"
 #include "ffi_dsa/rank_key.h"
+#include "ffi_dsa/sm90_schedule.h"
 
 namespace ffi_dsa::sm90 {
 
 struct SelectParams {
-  const uint32_t* keys;  // [B, row_stride], written by ScorePagesKernel for t < seq_len
+  const uint32_t* keys;  // [B * N, row_stride], written by ScorePagesKernel for t < the query's length
   const int32_t* seq_lens;
   const int32_t* block_table;
   int32_t* topk_indices;
@@ -26,6 +28,7 @@ struct SelectParams {
   int64_t num_pages;  // page ids outside [0, num_pages) are invalid
   int32_t max_pages;
   int32_t topk;
+  QueryShape qs;
   uint32_t staged_capacity;  // keys of shared memory behind SelectSmem (a multiple of 64)
   bool sorted;
   // No kernel 1 in front and launched with programmatic stream serialization: the stream's
@@ -40,9 +43,7 @@ struct SelectParams {
 // Keys one CTA selects alone; a longer row gets a cluster of ceil(n / kSliceKeys) CTAs (W1's 8K
 // row on a cluster of 4 measured 2x the threshold time of one CTA: barriers and DSMEM reads).
 constexpr int kSliceKeys = 8192;
-// Up to 16 CTAs per row (H100's non-portable maximum): a 128K row on 16 x 8K-key slices. (v9b
-// measured 16 slower than 8, when every thread read every other CTA's histogram over DSMEM.)
-constexpr int kMaxSelectCluster = 16;
+// Up to kMaxSelectCluster CTAs per row (sm90_schedule.h).
 static_assert(kMaxSelectCluster <= kMaxClusterRanks, "the cluster exchanges");
 // Keys one CTA stages in shared memory (128 KB): a 512K-token row over a cluster of 16.
 constexpr uint32_t kMaxStagedKeys = 32768;
@@ -77,7 +78,8 @@ static_assert(kCountedTiles == kChunkTiles, "a counted slice is one chunk");
 // A row that needs no scores (sm90_rows.cuh: ScoresNeeded), by one CTA: every token on a valid
 // page, in position order, then -1. At most K tokens, so at most 32 pages: one warp scans them.
 static_assert(kMaxTopK <= 32 * kPageTokens, "one warp holds the pages of a row of <= K tokens");
-__device__ void WriteWholeRow(const SelectParams& p, int64_t row, int64_t n, SelectSmem& smem) {
+// `query_row` names the output row, `row` the block-table row.
+__device__ void WriteWholeRow(const SelectParams& p, int64_t query_row, int64_t row, int64_t n, SelectSmem& smem) {
   const int tid = threadIdx.x, lane = tid % 32;
   ClusterSelectStorage& s = smem.select;
   const int32_t* table = p.block_table + row * p.max_pages;
@@ -92,7 +94,7 @@ __device__ void WriteWholeRow(const SelectParams& p, int64_t row, int64_t n, Sel
     if (lane == 31) s.result_count = incl;
   }
   __syncthreads();
-  int32_t* out = p.topk_indices + row * p.topk;
+  int32_t* out = p.topk_indices + query_row * p.topk;
   const uint32_t count = s.result_count;
 #pragma unroll 1
   for (int64_t t = tid; t < n; t += kSelectThreads) {
@@ -104,12 +106,13 @@ __device__ void WriteWholeRow(const SelectParams& p, int64_t row, int64_t n, Sel
   for (uint32_t i = count + tid; i < static_cast<uint32_t>(p.topk); i += kSelectThreads) out[i] = -1;
 }
 
-// The exact top-K of row `row` (n tokens), from this CTA's slice of it: keys [begin, begin + m)
-// of the row in `keys`, the slice's page ids in `pages`. Every CTA of the row's cluster calls it
+// The exact top-K of query row `query_row` (n tokens of block-table row `row`), from this CTA's
+// slice of it: keys [begin, begin + m) of the query in `keys`, the slice's page ids in `pages`. Every CTA of the row's cluster calls it
 // with its own slice. `thread_stats`: this thread's share of the slice's stats (the shares of a
 // CTA's threads disjoint, together the whole slice); they are combined before waiting on `landed`
 // (the mbarrier of the keys' copy into shared memory, or null).
-__device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& smem, int64_t row, int64_t n, int64_t begin,
+__device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& smem, int64_t query_row, int64_t row,
+                                            int64_t n, int64_t begin,
                                             const KeySpan& keys, const SliceStats& thread_stats, const int32_t* pages,
                                             uint64_t* landed, int cluster_size, int cluster_rank) {
   auto& s = smem.select;
@@ -205,7 +208,7 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
   const uint32_t selected =
       min(topk, static_cast<uint32_t>(row_total >> 32) + min(static_cast<uint32_t>(row_total), th.ties));
 
-  int32_t* out = p.topk_indices + row * p.topk;
+  int32_t* out = p.topk_indices + query_row * p.topk;
   unsigned long long* words = cluster_size > 1 ? AtRank(s.sorting.words, 0) : s.sorting.words;
   // Pass 2, chunk by chunk: the chunk's (tile, warp) counts and their prefix, then every winner's
   // slot = winners before it in the row (ties: only the first th.ties).
@@ -330,7 +333,11 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   auto& s = smem.select;
   const int cluster_size = static_cast<int>(cg::this_cluster().num_blocks());
   const int cluster_rank = static_cast<int>(cg::this_cluster().block_rank());
-  const int64_t row = blockIdx.x / cluster_size;
+  const int64_t query_row = blockIdx.x / cluster_size;
+  // (32-bit, and none for one query: divisions sit on the path to the first read)
+  const int64_t row = p.qs.queries == 1 ? query_row
+                                        : static_cast<uint32_t>(query_row) / static_cast<uint32_t>(p.qs.queries);  // of the block table
+  const int query = static_cast<int>(static_cast<uint32_t>(query_row) - static_cast<uint32_t>(row) * p.qs.queries);
   const int tid = threadIdx.x;
   // The next call's first kernel may be placed on the SMs this grid leaves free (it waits for our
   // completion before reading anything), as soon as this CTA is done with the workspace: at once
@@ -342,10 +349,10 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   // Inputs: readable before kernel 1's end, since kernel 1 let this grid launch only after its own
   // wait for the stream's previous kernel. This grid's own wait does not order these reads, so
   // they go to L2 (ld.global.cg), the point where the writer's stores became visible, never L1.
-  const int64_t n = ClampLength(__ldcg(p.seq_lens + row), p.max_pages);
+  const int64_t n = QueryLengthOf(__ldcg(QueryLengthEntry(p.seq_lens, row, query, p.qs)), query, p.qs, p.max_pages);
   if (!ScoresNeeded(n, p.topk, p.sorted)) {  // the same branch for every CTA of the cluster
     if (p.let_next_in) AllowDependentLaunch();  // this CTA reads no keys
-    if (cluster_rank == 0) WriteWholeRow(p, row, n, smem);
+    if (cluster_rank == 0) WriteWholeRow(p, query_row, row, n, smem);
     // Kernel 1 had nothing to do for this row, but this grid must not finish before it: stream
     // order promises later work both kernels' completion.
     WaitForPrecedingGrid();
@@ -356,7 +363,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   const int64_t begin = min(n, cluster_rank * slice);
   const uint32_t m = static_cast<uint32_t>(min(n, begin + slice) - begin);
   const bool staged = m <= p.staged_capacity;
-  const uint32_t* slice_keys = p.keys + row * p.row_stride + begin;
+  const uint32_t* slice_keys = p.keys + query_row * p.row_stride + begin;
   const int32_t* table = p.block_table + row * p.max_pages + begin / kPageTokens;
   if (staged) {
 #pragma unroll 1
@@ -382,7 +389,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   if (ThresholdNeeded(n, p.topk)) {
     ForEachKey(KeySpan{nullptr, slice_keys, m}, [&](uint32_t key) { AddKey(thread_stats, key); });
   }
-  SelectSlice(p, smem, row, n, begin, KeySpan{staged ? staged_keys : nullptr, slice_keys, m}, thread_stats,
+  SelectSlice(p, smem, query_row, row, n, begin, KeySpan{staged ? staged_keys : nullptr, slice_keys, m}, thread_stats,
               staged ? smem.slice_pages : table, staged && m > 0 ? &smem.keys_landed : nullptr, cluster_size,
               cluster_rank);
 }
