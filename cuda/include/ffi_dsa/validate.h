@@ -14,20 +14,25 @@
 
 namespace ffi_dsa {
 
-// Raw views of validated arguments; what the kernels consume. A "query row" is one query token
-// of one row: query j of row b is query row b * queries + j, the row of weights, q heads and
-// output it owns; the N query rows of a row share its block-table row.
-struct IndexerArgs {
+// The sizes validation reads off the arguments' shapes.
+struct IndexerShape {
+  int64_t batch = 0, topk = 0;
+  int32_t queries = 1;          // N, 1..kMaxQueries
+  int32_t heads = kNumHeads;    // H, kNumHeads or kNumHeadsNarrow
+  bool per_query_lens = false;  // seq_lens is [B, N]
+};
+
+// Raw views of validated arguments and their sizes; what the kernels consume. A "query row" is one
+// query token of one row: query j of row b is query row b * queries + j, the row of weights, q
+// heads and output it owns; the N query rows of a row share its block-table row.
+struct IndexerArgs : IndexerShape {
   const uint8_t* q = nullptr;          // [B * N * H, 128] fp8 bytes
   const uint8_t* k_cache = nullptr;    // [num_pages, 8448] packed pages
   const float* weights = nullptr;      // [B * N, H]
   const int32_t* seq_lens = nullptr;   // [B] (causal offsets) or [B * N] (per_query_lens)
   const int32_t* block_table = nullptr;  // [B, max_pages]
   int32_t* topk_indices = nullptr;     // [B * N, K]
-  int64_t batch = 0, num_pages = 0, max_pages = 0, topk = 0;
-  int32_t queries = 1;                 // N, 1..kMaxQueries
-  int32_t heads = kNumHeads;           // H, kNumHeads or kNumHeadsNarrow
-  bool per_query_lens = false;         // seq_lens is [B, N]
+  int64_t num_pages = 0, max_pages = 0;
   DLDevice device{kDLCPU, 0};
 
   int64_t query_rows() const { return batch * queries; }
@@ -37,13 +42,6 @@ struct IndexerArgs {
     return VisibleTokens(seq_lens[SeqLensIndex(qr / queries, j, queries, per_query_lens)], j, queries,
                          per_query_lens, max_pages);
   }
-};
-
-// The sizes validation reads off the arguments' shapes.
-struct IndexerShape {
-  int64_t batch = 0, topk = 0;
-  int32_t queries = 1, heads = kNumHeads;
-  bool per_query_lens = false;
 };
 
 // What validation needs to know of one argument. Built from a TensorView, or from a bare shape
@@ -133,9 +131,7 @@ T* DataAs(const tvm::ffi::TensorView& t) {
   return reinterpret_cast<T*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
 }
 
-}  // namespace detail
 
-namespace detail {
 
 inline void CheckRankIn(const ArgMeta& t, int rank_a, const char* layout_a, int rank_b, const char* layout_b) {
   if (t.ndim() != rank_a && t.ndim() != rank_b) {
@@ -230,23 +226,19 @@ inline IndexerArgs CheckIndexerArgs(const tvm::ffi::TensorView& q, const tvm::ff
     TVM_FFI_THROW(ValueError) << "q_index_fp8 is on device type " << q.device().device_type
                               << " but this module serves device type " << expected_device_type;
   }
-  const IndexerShape shape = CheckIndexerMeta(MetaOf("q_index_fp8", q), MetaOf("k_index_cache_fp8", k_cache), MetaOf("weights", weights),
-                   MetaOf("seq_lens", seq_lens), MetaOf("block_table", block_table),
-                   MetaOf("topk_indices", topk_indices));
   IndexerArgs args;
+  static_cast<IndexerShape&>(args) =
+      CheckIndexerMeta(MetaOf("q_index_fp8", q), MetaOf("k_index_cache_fp8", k_cache), MetaOf("weights", weights),
+                       MetaOf("seq_lens", seq_lens), MetaOf("block_table", block_table),
+                       MetaOf("topk_indices", topk_indices));
   args.q = DataAs<const uint8_t>(q);
   args.k_cache = DataAs<const uint8_t>(k_cache);
   args.weights = DataAs<const float>(weights);
   args.seq_lens = DataAs<const int32_t>(seq_lens);
   args.block_table = DataAs<const int32_t>(block_table);
   args.topk_indices = DataAs<int32_t>(topk_indices);
-  args.batch = shape.batch;
   args.num_pages = k_cache.size(0);
   args.max_pages = block_table.size(1);
-  args.topk = shape.topk;
-  args.queries = shape.queries;
-  args.heads = shape.heads;
-  args.per_query_lens = shape.per_query_lens;
   args.device = q.device();
   return args;
 }

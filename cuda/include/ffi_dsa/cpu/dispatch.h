@@ -113,8 +113,8 @@ PageQueries<Query> QueriesOfPage(const RowPages& r, const Query* prepared, int64
 template <typename Query, void (*Prepare)(const uint8_t*, const float*, Query*),
           void (*Score)(const PageQueries<Query>&, const uint8_t*)>
 void ScoreRowPages(const RowPages& r) {
-  // Preparing a query costs a few percent of an item's scoring, so every item does its own. The
-  // prepared queries (up to ~130 KB) live in thread-local memory, not on the caller's thread stack.
+  // Every item prepares its own queries (small next to scoring the item's pages). The prepared
+  // queries (kMaxQueries of them, too large for a thread's stack) live in thread-local memory.
   thread_local std::vector<Query> prepared(kMaxQueries);
   for (int i = 0; i < r.num_queries; ++i) Prepare(r.queries[i].q, r.queries[i].weights, &prepared[i]);
   for (int64_t p = r.first_page; p < r.end_page; ++p) {
@@ -124,7 +124,8 @@ void ScoreRowPages(const RowPages& r) {
       for (int i = 0; i < queries.size; ++i) std::fill_n(queries.keys[i], queries.count[i], kNotCandidate);
       continue;
     }
-    if (queries.size > 0) Score(queries, r.k_cache + static_cast<int64_t>(page) * kPageBytes);
+    // (queries.size >= 1: an item's pages end at its longest query's last page, WorkItems)
+    Score(queries, r.k_cache + static_cast<int64_t>(page) * kPageBytes);
   }
 }
 

@@ -118,16 +118,10 @@ FFI_DSA_CPU_TARGET inline void ScorePage(const PageQueries<PreparedQuery<kHeads>
     for (int e = 0; e < rows * kHeadDim; e += kBf16PerVector) {
       DecodeE4M3ToBf16(page + t0 * kHeadDim + e, subnormal_table, k + e);
     }
-    for (int i = 0; i < queries.size; ++i) {
-      const int left = queries.count[i] - t0;
-      if (left <= 0) continue;
-      const PreparedQuery<kHeads>& pq = *queries.query[i];
-      if (full) {
-        LogitsBlock<kTokensPerBlock>(pq, k, logits);
-      } else {
-        LogitsBlock<kTailTokens>(pq, k, logits);
-      }
-      ScoreTokens<kHeads>(logits, pq.weights, scale + t0, rows < left ? rows : left, queries.keys[i] + t0);
+    if (full) {
+      ScoreBlock<kHeads, LogitsBlock<kTokensPerBlock, kHeads>>(queries, k, scale, t0, rows, logits);
+    } else {
+      ScoreBlock<kHeads, LogitsBlock<kTailTokens, kHeads>>(queries, k, scale, t0, rows, logits);
     }
   }
 }

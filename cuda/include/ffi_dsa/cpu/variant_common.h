@@ -11,6 +11,8 @@ using VecF = float __attribute__((vector_size(kLanes * sizeof(float))));
 using VecI = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
 template <int kHeads>
 constexpr int kHeadVecs = kHeads / kLanes;  // vectors spanning one token's heads
+static_assert(kHeadVecs<kNumHeads> * kLanes == kNumHeads && kHeadVecs<kNumHeadsNarrow> * kLanes == kNumHeadsNarrow,
+              "whole vectors of heads");
 
 FFI_DSA_CPU_TARGET inline VecF LoadF(const float* p) {
   VecF v;
@@ -55,5 +57,19 @@ FFI_DSA_CPU_TARGET inline void ScoreTokens(const float* logits, const float* wei
       sum += LoadF(weights + j * kLanes) * (x < 0.0f ? VecF{} : x);
     }
     keys[i] = ScoreToKey(ReduceAdd(sum));
+  }
+}
+
+// Rank keys of one decoded block, tokens [t0, t0 + rows) of a page, for every query that sees some
+// of them: Logits (the variant's LogitsBlock for this block size, a template argument so that it
+// inlines under this variant's target) fills a query's logits from the block `k`.
+template <int kHeads, auto Logits, typename Query, typename K>
+FFI_DSA_CPU_TARGET inline void ScoreBlock(const PageQueries<Query>& queries, const K* k, const float* scale, int t0,
+                                          int rows, float* logits) {
+  for (int i = 0; i < queries.size; ++i) {
+    const int left = queries.count[i] - t0;
+    if (left <= 0) continue;
+    Logits(*queries.query[i], k, logits);
+    ScoreTokens<kHeads>(logits, queries.query[i]->weights, scale + t0, rows < left ? rows : left, queries.keys[i] + t0);
   }
 }

@@ -67,16 +67,10 @@ FFI_DSA_CPU_TARGET inline void ScorePage(const PageQueries<PreparedQuery<kHeads>
     const bool full = t0 + kTokensPerBlock <= kPageTokens;
     const int rows = full ? kTokensPerBlock : kTailTokens;
     for (int e = 0; e < rows * kHeadDim; e += kLanes) StoreF(k + e, DecodeE4M3(page + t0 * kHeadDim + e));
-    for (int i = 0; i < queries.size; ++i) {
-      const int left = queries.count[i] - t0;
-      if (left <= 0) continue;
-      const PreparedQuery<kHeads>& pq = *queries.query[i];
-      if (full) {
-        LogitsBlock<kTokensPerBlock>(pq, k, logits);
-      } else {
-        LogitsBlock<kTailTokens>(pq, k, logits);
-      }
-      ScoreTokens<kHeads>(logits, pq.weights, scale + t0, rows < left ? rows : left, queries.keys[i] + t0);
+    if (full) {
+      ScoreBlock<kHeads, LogitsBlock<kTokensPerBlock, kHeads>>(queries, k, scale, t0, rows, logits);
+    } else {
+      ScoreBlock<kHeads, LogitsBlock<kTailTokens, kHeads>>(queries, k, scale, t0, rows, logits);
     }
   }
 }
