@@ -24,8 +24,7 @@ struct Schedule {
 constexpr double kFusedMinSmShare = 0.7;
 
 // Up to 16 CTAs per select cluster (H100's non-portable maximum): a 128K row on 16 x 8K-key
-// slices. (v9b measured 16 slower than 8, when every thread read every other CTA's histogram over
-// DSMEM.)
+// slices.
 constexpr int kMaxSelectCluster = 16;
 
 // Select clusters of c CTAs the device holds at once, for c = 1..kMaxSelectCluster (from the
@@ -46,15 +45,11 @@ inline Schedule PlanSchedule(int64_t batch, int64_t queries, int64_t max_pages, 
   Schedule s;
   s.score_ctas = static_cast<int32_t>(std::clamp<int64_t>(batch * std::max<int64_t>(1, max_pages), 1,
                                                           std::max(1, num_sms)));
-  int largest = 1;
-  for (int c = 2; c <= kMaxSelectCluster; ++c) {
-    if (occupancy.active[c] > 0) largest = c;
-  }
-  int cluster = static_cast<int>(std::clamp<int64_t>((max_tokens + slice_keys - 1) / slice_keys, 1, largest));
-  // At most one wave: the select kernel holds one CTA per SM (~105 registers x 512 threads), and a
-  // second wave of clusters cost more than longer slices per CTA (W4: 64 rows x 4 CTAs; W6 with two
-  // queries: 16 rows x 8 CTAs, where an H100 SXM holds only 15 clusters of 8). So the largest cluster
-  // of which every query row's cluster is resident at once.
+  int cluster =
+      static_cast<int>(std::clamp<int64_t>((max_tokens + slice_keys - 1) / slice_keys, 1, kMaxSelectCluster));
+  // At most one wave (a second wave of clusters costs more than longer slices per CTA: NOTES): the
+  // largest cluster of which every query row's cluster is resident at once. A GPC holds whole
+  // clusters, so that is not SMs / cluster size; a size that does not fit at all has 0.
   const int64_t rows = batch * std::max<int64_t>(1, queries);
   while (cluster > 1 && occupancy.active[cluster] < rows) --cluster;
   s.cluster_size = cluster;

@@ -1,5 +1,5 @@
-// One-kernel Hopper path for big batches of short rows (B >= ~0.7 x SMs, every row <= 16K
-// tokens: the large-batch decode step): one CTA per row scores the whole row straight into shared
+// One-kernel Hopper path for big batches of short rows (B >= ~0.7 x SMs, and N x the table's
+// width <= 16K keys that fit the CTA's shared memory: the large-batch decode step): one CTA per row scores the whole row straight into shared
 // memory and selects it from there (sm90_select_rows.cuh: SelectSlice). Against the two-kernel
 // path (score everything into a workspace, then select) it saves a launch, the workspace round
 // trip through L2, and the wait for the whole scoring grid before any select starts: a CTA whose
@@ -72,7 +72,7 @@ __host__ __device__ constexpr size_t FusedSmemBytes(uint32_t key_stride) {
 }
 
 // The rows of at most K tokens in position order among the row's queries: written without scores,
-// after every select (WriteWholeRow reuses the page ids the selects read).
+// after every select (WriteWholeRow overwrites the shared page ids the selects read).
 template <int kQueries>
 __device__ __forceinline__ void WriteUnscoredQueries(const SelectParams& p, int64_t row, const int32_t (&length)[kQueries],
                                                      SelectSmem& smem) {

@@ -47,8 +47,7 @@ __device__ __forceinline__ int32_t ScoredPages(int64_t n, int32_t topk, bool sor
 // Pages kernel 1 scores for row b: each page once for all of the row's kQueries queries, up to the
 // longest prefix among those that need scores. ScoresNeeded grows with the length, so the row's
 // longest query decides: with seq_lens [B] (or one query) the last query, which sees seq_lens[b]
-// itself (one load: this runs in every role's prologue and row walk, where a loop over the queries
-// doubled kernel 1's code).
+// itself (one load: this runs, inlined, in every role's prologue and row walk).
 template <int kQueries>
 __device__ __forceinline__ int32_t RowScoredPages(const int32_t* seq_lens, int64_t b, QueryShape qs, int32_t max_pages,
                                                   int32_t topk, bool sorted) {

@@ -131,10 +131,9 @@ __device__ __forceinline__ void LoadHeadWeights(const float* query_weights, int 
 
 // This thread's head weights of a row's N queries. Kept in registers when they fit beside the
 // accumulators (N x H <= kMaxHeld: kMaxHeld / 4 registers), loaded once per row; otherwise read
-// again for every page and query, from L1. The bound is the kernel's register budget: kernel 1
-// (640 threads, at most 102 registers) spilled holding 2 x 64 heads. (Reading them for every page even with N = 1 slowed kernel 1
-// down measurably; a copy in shared memory needed a barrier of all math warpgroups at every row,
-// which stalled their pipelines: benchmarks/NOTES.md.)
+// again for every page and query, from L1. The bound is the kernel's register budget (kernel 1:
+// 640 threads, 96 registers each). Not a copy in shared memory: that needs a barrier of all math
+// warpgroups at every row (benchmarks/NOTES.md, v14).
 template <int kHeads, int kQueries, int kMaxHeld>
 struct RowWeights {
   static constexpr bool kInRegisters = kQueries * kHeads <= kMaxHeld;
@@ -371,7 +370,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   // ---- math ------------------------------------------------------------------------------------
   const int wg = tid / kWarpgroupThreads, warp = (tid % kWarpgroupThreads) / 32, lane = tid % 32;
   // Accumulator layout of wgmma m64nN: thread holds rows r0 and r0 + 8, columns
-  // 8j + 2 * (lane % 4) + {0, 1} for j < N / 8.
+  // 8j + 2 * (lane % 4) + {0, 1} for j < kHeads / 8.
   const int r0 = 16 * warp + lane / 4;
   int segment = 0, i0 = 0;
   while (walk.Next<kQueries>(p)) {
