@@ -51,11 +51,6 @@ class Batch:
         lens = np.clip(self.seq_lens, 0, None)
         return int((lens.max(axis=1) if lens.ndim == 2 else lens).sum())
 
-    @property
-    def queries(self) -> int | None:
-        """N, query tokens per row, for a rank-4 q; None for the rank-3 form."""
-        return int(self.q.shape[1]) if self.q.ndim == 4 else None
-
     def output_shape(self, topk: int) -> tuple[int, ...]:
         """[B, K], or [B, N, K] for a rank-4 q (ffi_dsa._arrays.output_shape)."""
         return output_shape(self.q.shape, topk)

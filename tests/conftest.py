@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -92,6 +94,30 @@ def run_dps(args, topk=DEFAULT_K, *, sorted=False, validate=False) -> np.ndarray
     ffi_dsa.call(*args, out, sorted=sorted, validate=validate)
     assert_all_written(out)
     return out.cpu().numpy()
+
+
+def fill_past_rows(batch: Batch, seed: int) -> None:
+    """Random page ids, valid or not, in every block-table entry past each row's longest length
+    (what a serving engine's table holds there: only a row's own pages may count)."""
+    rng = np.random.default_rng(seed)
+    longest = np.asarray(batch.seq_lens, np.int64).reshape(len(batch.seq_lens), -1).max(axis=1, initial=0)
+    width, num_pages = batch.block_table.shape[1], batch.k_cache.shape[0]
+    for b, n in enumerate(longest):
+        used = (int(n) + PAGE_TOKENS - 1) // PAGE_TOKENS
+        batch.block_table[b, used:] = rng.integers(-3, num_pages + 3, size=width - used)
+
+
+def assert_validate_raises(batch: Batch, name: str, device, topk: int = 64) -> None:
+    """With ``validate=True`` both entry points raise ValueError naming ``name`` (an argument entry
+    the kernels would mask) and the DPS call writes nothing; without it the same input runs."""
+    args = batch.to_torch(device)
+    out = poisoned(batch.output_shape(topk), device)
+    with pytest.raises(ValueError, match=re.escape(name)):
+        ffi_dsa.call(*args, out, validate=True)
+    assert (out == SENTINEL).all()
+    with pytest.raises(ValueError, match=re.escape(name)):
+        ffi_dsa.topk_indexer(*args, topk=topk, validate=True)
+    run_dps(args, topk=topk)
 
 
 def assert_valid_topk(out, batch_or_args, *, sorted=False):

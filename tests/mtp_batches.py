@@ -73,3 +73,13 @@ def query_rows_shape(batch: Batch, topk: int) -> tuple[int, int]:
     """The output's other accepted form, [B * N, K] (one row per query row)."""
     shape = batch.output_shape(topk)
     return (int(np.prod(shape[:-1])), topk)
+
+
+def query_alone(batch: Batch, j: int) -> Batch:
+    """Query j of every row as a single-query batch (rank-3 q) with the length the contract gives it,
+    unclamped: the single-query operator clamps it by its own rules."""
+    n = batch.q.shape[1]
+    lens = batch.seq_lens[:, j] if batch.seq_lens.ndim == 2 else batch.seq_lens.astype(np.int64) - (n - 1 - j)
+    weights = batch.weights.reshape(batch.q.shape[0], n, -1)[:, j]
+    return Batch(np.ascontiguousarray(batch.q[:, j]), batch.k_cache, np.ascontiguousarray(weights),
+                 np.ascontiguousarray(lens, dtype=np.int32), batch.block_table)

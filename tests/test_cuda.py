@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ffi_dsa
-from ffi_dsa.workloads import Batch, make_batch
+from ffi_dsa.workloads import make_batch
 
 from conftest import (
     DEFAULT_K,
@@ -26,6 +26,7 @@ from conftest import (
     run_dps,
     set_token,
 )
+from mtp_batches import query_alone
 
 pytestmark = pytest.mark.cuda
 
@@ -405,25 +406,10 @@ def test_bad_tuning_setting_is_a_clear_error(variable, value):
 # Several queries per row and 32 heads (docs/contract.md §7) on both CUDA paths.
 # ----------------------------------------------------------------------------------------------
 
-def _run_queries(batch, sorted_=False) -> np.ndarray:
-    """ffi_dsa.call on CUDA into a poisoned [B, N, K] (or [B, K]) buffer; every element written."""
-    out = poisoned(batch.output_shape(DEFAULT_K), "cuda")
-    ffi_dsa.call(*batch.to_torch("cuda"), out, sorted=sorted_)
-    assert_all_written(out)
-    return out.cpu().numpy()
-
-
 def _single_query_calls(batch, sorted_=False) -> np.ndarray:
     """The same answer as N single-query (rank-3) calls, query j with its own prefix length."""
-    queries = batch.queries
-    lens = np.asarray(batch.seq_lens, np.int64)
-    outs = []
-    for j in range(queries):
-        own = lens[:, j] if lens.ndim == 2 else lens - (queries - 1 - j)
-        single = Batch(np.ascontiguousarray(batch.q[:, j]), batch.k_cache, np.ascontiguousarray(batch.weights[:, j]),
-                       np.clip(own, -1, None).astype(np.int32), batch.block_table)  # below 0 counts as 0 either way
-        outs.append(_run_queries(single, sorted_))
-    return np.stack(outs, axis=1)
+    return np.stack([run_dps(query_alone(batch, j).to_torch("cuda"), sorted=sorted_)
+                     for j in range(batch.q.shape[1])], axis=1)
 
 
 # (queries, heads, longest query for the one-kernel path: N x the table's width of keys and the N
@@ -443,7 +429,7 @@ def test_queries_one_kernel_path(queries, heads, longest, sorted_):
     batch = make_batch(lens, seed=130 + queries, queries=queries, heads=heads)
     batch.block_table[5, 1] = -1
     batch.block_table[4, 0] = batch.k_cache.shape[0]
-    out = _run_queries(batch, sorted_)
+    out = run_dps(batch.to_torch("cuda"), sorted=sorted_)
     assert_valid_topk(out, batch, sorted=sorted_)
     np.testing.assert_array_equal(out, _single_query_calls(batch, sorted_))
 
@@ -465,7 +451,7 @@ def test_queries_two_kernel_path(queries, heads, per_query_lens, sorted_):
     batch = make_batch(lens, seed=140 + queries, queries=queries, heads=heads, max_pages=625)
     batch.block_table[0, 7] = -3
     batch.seq_lens[1] = 625 * 64 + 999  # past the block table: cut to it (pages past 9000 tokens are -1)
-    out = _run_queries(batch, sorted_)
+    out = run_dps(batch.to_torch("cuda"), sorted=sorted_)
     assert_valid_topk(out, batch, sorted=sorted_)
     np.testing.assert_array_equal(out, _single_query_calls(batch, sorted_))
 
@@ -476,7 +462,7 @@ def test_rank4_one_query_equals_rank3(path_rows):
     rows = _one_kernel_batch_size() if path_rows == "one_kernel" else path_rows
     lens = np.random.default_rng(150).integers(0, 12000, size=rows)
     batch = make_batch(lens, seed=150)
-    flat = _run_queries(batch)
+    flat = run_dps(batch.to_torch("cuda"))
     four = make_batch(lens, seed=150)
     four.q, four.weights = batch.q[:, None].copy(), batch.weights[:, None].copy()
-    np.testing.assert_array_equal(_run_queries(four)[:, 0], flat)
+    np.testing.assert_array_equal(run_dps(four.to_torch("cuda"))[:, 0], flat)

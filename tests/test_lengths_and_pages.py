@@ -21,6 +21,7 @@ from conftest import (
     assert_all_written,
     assert_exact,
     assert_valid_topk,
+    assert_validate_raises,
     make_exact_batch,
     poisoned,
     run_dps,
@@ -275,17 +276,7 @@ def _validate_cases():
 def test_validate_true_raises_for_masked_facts(device, corrupt):
     """validate=True raises ValueError (naming the entry) where the kernel would mask; nothing written."""
     batch = make_batch([150, 100], seed=56)
-    name = corrupt(batch)
-    args = batch.to_torch(device)
-    out = poisoned((2, 64), device)
-    with pytest.raises(ValueError) as exc:
-        ffi_dsa.call(*args, out, validate=True)
-    assert name in str(exc.value)
-    assert (out == SENTINEL).all()
-    with pytest.raises(ValueError):
-        ffi_dsa.topk_indexer(*args, topk=64, validate=True)
-    # without validate the same input runs (masked)
-    run_dps(args, topk=64)
+    assert_validate_raises(batch, corrupt(batch), device)
 
 
 def test_validate_true_passes_for_good_input(device):

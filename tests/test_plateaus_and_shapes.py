@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import ffi_dsa
-from ffi_dsa.workloads import make_batch
+from ffi_dsa.workloads import MODEL_TABLE_PAGES, make_batch
 
-from conftest import assert_exact, assert_valid_topk, make_exact_batch, run_dps
+from conftest import assert_exact, assert_valid_topk, fill_past_rows, make_exact_batch, run_dps
 
 
 @pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
@@ -56,15 +56,11 @@ def test_batch_sizes_around_the_sm_count(device, batch_size):
 
 @pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
 def test_wide_table_with_garbage_past_each_length(device, sorted_):
-    """A block table as wide as a serving engine allocates it (2560 pages = 163840 tokens) whose
-    entries past each row's length are random page ids, valid or not: only the row's own pages count."""
+    """A block table as wide as a serving engine allocates it (163840 tokens) whose entries past each
+    row's length are random page ids, valid or not: only the row's own pages count."""
     lens = [8192, 100, 0, 4097, 30000]
-    batch = make_batch(lens, seed=306, max_pages=2560)
-    rng = np.random.default_rng(307)
-    num_pages = batch.k_cache.shape[0]
-    for b, n in enumerate(lens):
-        used = (n + 63) // 64
-        batch.block_table[b, used:] = rng.integers(-3, num_pages + 3, size=2560 - used)
+    batch = make_batch(lens, seed=306, max_pages=MODEL_TABLE_PAGES)
+    fill_past_rows(batch, seed=307)
     out = run_dps(batch.to_torch(device), sorted=sorted_)
     assert_valid_topk(out, batch, sorted=sorted_)
     narrow = make_batch(lens, seed=306)  # the same pages in a table just wide enough

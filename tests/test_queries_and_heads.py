@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ import torch
 
 import ffi_dsa
 from ffi_dsa.contract import MAX_QUERIES, NUM_HEADS, NUM_HEADS_NARROW, PAGE_TOKENS, SUPPORTED_HEADS
-from ffi_dsa.workloads import Batch, make_batch
+from ffi_dsa.workloads import MODEL_TABLE_PAGES, Batch, make_batch
 
 from conftest import (
     DEFAULT_K,
@@ -31,12 +30,15 @@ from conftest import (
     assert_all_written,
     assert_exact,
     assert_valid_topk,
+    assert_validate_raises,
+    fill_past_rows,
     make_exact_batch,
     poisoned,
     run_dps,
     set_token,
     token_id,
 )
+from mtp_batches import query_alone
 
 ORDERS = pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
 HEADS = pytest.mark.parametrize("heads", SUPPORTED_HEADS, ids=[f"H{h}" for h in SUPPORTED_HEADS])
@@ -50,21 +52,11 @@ def _visible(seq_lens, queries: int, max_pages: int) -> np.ndarray:
     return np.minimum(np.maximum(lens, 0), max_pages * PAGE_TOKENS)
 
 
-def _query_alone(batch: Batch, j: int) -> Batch:
-    """Query j of every row as a single-query batch (rank-3 q) with the length the contract gives it,
-    unclamped: the single-query operator clamps it by its own rules."""
-    n = batch.q.shape[1]
-    lens = batch.seq_lens[:, j] if batch.seq_lens.ndim == 2 else batch.seq_lens.astype(np.int64) - (n - 1 - j)
-    weights = batch.weights.reshape(batch.q.shape[0], n, -1)[:, j]
-    return Batch(np.ascontiguousarray(batch.q[:, j]), batch.k_cache, np.ascontiguousarray(weights),
-                 np.ascontiguousarray(lens, dtype=np.int32), batch.block_table)
-
-
 def _assert_each_query_is_the_single_query_operator(out, batch: Batch, device, topk, sorted_=False):
     """out [B, N, K] equals, query by query, the rank-3 call on that query alone."""
     assert out.shape == batch.output_shape(topk)
     for j in range(batch.q.shape[1]):
-        alone = run_dps(_query_alone(batch, j).to_torch(device), topk=topk, sorted=sorted_)
+        alone = run_dps(query_alone(batch, j).to_torch(device), topk=topk, sorted=sorted_)
         np.testing.assert_array_equal(out[:, j], alone, err_msg=f"query {j}")
 
 
@@ -295,18 +287,14 @@ def test_invalid_page_ids(device, sorted_):
 
 @pytest.mark.parametrize("lens_form", ["B", "BN"])
 def test_wide_table_with_garbage_past_the_longest_prefix(device, lens_form):
-    """A 2560-page table whose entries past each row's longest prefix are random ids, valid or not:
+    """A model-sized table (MODEL_TABLE_PAGES) whose entries past each row's longest prefix are random ids, valid or not:
     the same bytes as a table just wide enough."""
     lens = [8192, 100, 0, 4097]
     if lens_form == "BN":
         lens = np.array([[8192, 20], [100, 64], [0, 0], [1, 4097]], np.int32)
     narrow = make_batch(lens, seed=801, queries=2, heads=NUM_HEADS_NARROW)
-    wide = make_batch(lens, seed=801, queries=2, heads=NUM_HEADS_NARROW, max_pages=2560)
-    rng = np.random.default_rng(802)
-    longest = np.max(np.asarray(lens).reshape(len(lens), -1), axis=1)
-    for b, n in enumerate(longest):
-        used = (int(n) + PAGE_TOKENS - 1) // PAGE_TOKENS
-        wide.block_table[b, used:] = rng.integers(-3, wide.k_cache.shape[0] + 3, size=2560 - used)
+    wide = make_batch(lens, seed=801, queries=2, heads=NUM_HEADS_NARROW, max_pages=MODEL_TABLE_PAGES)
+    fill_past_rows(wide, seed=802)
     for sorted_ in (False, True):
         out = run_dps(wide.to_torch(device), sorted=sorted_)
         np.testing.assert_array_equal(out, run_dps(narrow.to_torch(device), sorted=sorted_))
@@ -369,16 +357,7 @@ def test_validate_true_checks_every_query_length(device, corrupt):
     """seq_lens [B, N] with validate=True: each entry and the pages of each row's longest query are
     checked on the host; ValueError naming the entry, nothing written."""
     batch = make_batch(np.array([[1000, 900, 800], [70, 200, 5]], np.int32), seed=831, queries=3)
-    name = corrupt(batch)
-    args = batch.to_torch(device)
-    out = poisoned((2, 3, 64), device)
-    with pytest.raises(ValueError) as exc:
-        ffi_dsa.call(*args, out, validate=True)
-    assert name in str(exc.value)
-    assert (out == SENTINEL).all()
-    with pytest.raises(ValueError, match=re.escape(name)):
-        ffi_dsa.topk_indexer(*args, topk=64, validate=True)
-    run_dps(args, topk=64)  # without validate the same input runs (masked)
+    assert_validate_raises(batch, corrupt(batch), device)
 
 
 def test_validate_true_with_row_lengths(device):
