@@ -201,7 +201,7 @@ class Rotation:
 
 
 def rotating_sets(lens: np.ndarray, device: str, rotate_bytes: int, seed: int, max_sets: int,
-                  max_pages: int | None = None) -> Rotation:
+                  max_pages: int | None = None, queries: int | None = None, heads: int = NUM_HEADS) -> Rotation:
     """Input sets for L2-cold timing, made in one go.
 
     Why: the H100 has 50 MB of L2, so replaying one call on one input measures the cache, not
@@ -211,14 +211,33 @@ def rotating_sets(lens: np.ndarray, device: str, rotate_bytes: int, seed: int, m
     between the events. All sets are the rows of one tall batch (the workload's lengths tiled
     ``sets`` times) whose pages are drawn without replacement from one permuted pool, so set i
     reads its own pages, scattered over a cache of >= `rotate_bytes` (256 MB by default), and
-    no page is reused within the next sets - 1 replays.
+    no page is reused within the next sets - 1 replays. ``queries`` and ``heads`` shape q as
+    ``make_batch_torch`` does.
     """
     k_bytes = max(1, int(((np.clip(lens, 0, None) + PAGE_TOKENS - 1) // PAGE_TOKENS).sum()) * PAGE_BYTES)
     sets = int(min(max_sets, max(2, math.ceil(rotate_bytes / k_bytes))))
-    mega = make_batch_torch(np.tile(lens, sets), seed=seed, device=device, max_pages=max_pages)
+    mega = make_batch_torch(np.tile(lens, sets), seed=seed, device=device, max_pages=max_pages, queries=queries,
+                            heads=heads)
     rot = Rotation(mega=mega, batch=len(lens), sets=sets)
-    rot.outs = [torch.full((len(lens), TOPK), -7, dtype=torch.int32, device=device) for _ in range(sets)]
+    shape = mega.rows(0, len(lens)).output_shape(TOPK)
+    rot.outs = [torch.full(shape, -7, dtype=torch.int32, device=device) for _ in range(sets)]
     return rot
+
+
+def in_graph_us(clock: Clock, make_call, sets: int, calls_per_graph: int, replays: int, warmup: int):
+    """(median µs per call, calls per graph) with `calls_per_graph` consecutive sets' calls in one
+    CUDA graph (see the module docstring); make_call(i) returns the zero-argument call for set i."""
+    calls = max(1, min(calls_per_graph, sets))
+    groups = math.ceil(sets / calls)
+
+    def make_group(g):
+        fns = [make_call((g * calls + j) % sets) for j in range(calls)]
+        return lambda: [fn() for fn in fns]
+
+    graphs = capture_graphs(make_group, groups, pool=torch.cuda.graph_pool_handle())
+    times = time_graph_replays(clock, graphs, replays, warmup)
+    del graphs
+    return statistics.median(times) / calls * 1e6, calls
 
 
 def capture_graphs(make_call, sets: int, pool=None) -> list:
@@ -409,19 +428,8 @@ def run_workload(name: str, spec: dict, a, clock: Clock, bandwidth: float, chain
                 r["check"] = "FAIL"
                 r["problems"].insert(0, "graph replay output differs from the eager output (nondeterminism?)")
             del graphs
-            # N calls per graph (see the module docstring): each graph runs N consecutive sets
-            calls = max(1, min(a.calls_per_graph, rot.sets))
-            groups = math.ceil(rot.sets / calls)
-
-            def make_group(g):
-                fns = [make_call((g * calls + j) % rot.sets) for j in range(calls)]
-                return lambda: [fn() for fn in fns]
-
-            graphs = capture_graphs(make_group, groups, pool=torch.cuda.graph_pool_handle())
-            times = time_graph_replays(clock, graphs, a.replays, a.warmup)
-            r["in_graph_us"] = statistics.median(times) / calls * 1e6
-            r["in_graph_calls"] = calls
-            del graphs
+            r["in_graph_us"], r["in_graph_calls"] = in_graph_us(clock, make_call, rot.sets, a.calls_per_graph,
+                                                                a.replays, a.warmup)
         except Exception as exc:  # noqa: BLE001
             r["graph_error"] = f"{type(exc).__name__}: {exc}"
             print(f"    graph capture/replay failed: {r['graph_error']}", flush=True)

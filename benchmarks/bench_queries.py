@@ -24,14 +24,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
-import statistics
 import sys
 import time
 import zlib
 from pathlib import Path
-
-import numpy as np
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -40,10 +36,10 @@ import torch  # noqa: E402
 
 import ffi_dsa  # noqa: E402
 from ffi_dsa.benchmarks.bench_gpu import (  # noqa: E402
-    MB, Clock, capture_graphs, check_result, check_rows, copy_bandwidth, time_graph_replays, workloads)
-from ffi_dsa.benchmarks.gpu_batches import TorchBatch, make_batch_torch  # noqa: E402
+    MB, Clock, check_result, check_rows, copy_bandwidth, in_graph_us, rotating_sets, workloads)
+from ffi_dsa.benchmarks.gpu_batches import TorchBatch  # noqa: E402
 from ffi_dsa.contract import DEFAULT_TOPK as TOPK  # noqa: E402
-from ffi_dsa.contract import NUM_HEADS_NARROW, PAGE_BYTES, PAGE_TOKENS  # noqa: E402
+from ffi_dsa.contract import NUM_HEADS_NARROW  # noqa: E402
 
 MADE_QUERIES = 4
 # variant -> (queries taken from the end of the row's four, heads, calls: one call of N queries or N calls of one)
@@ -72,36 +68,16 @@ def calls_of(variant: str, batch: TorchBatch) -> list[tuple[TorchBatch, torch.Te
     out = []
     for qq, ww, ll in parts:
         sub = TorchBatch(qq.contiguous(), k, ww.contiguous(), ll.clamp(min=0).to(torch.int32).contiguous(), table)
-        shape = (*qq.shape[:-2], TOPK)
-        out.append((sub, torch.full(shape, -7, dtype=torch.int32, device=q.device)))
+        out.append((sub, torch.full(sub.output_shape(TOPK), -7, dtype=torch.int32, device=q.device)))
     return out
-
-
-def in_graph_us(clock: Clock, per_set: list, calls_per_graph: int, replays: int, warmup: int) -> float:
-    """Per call (a variant's calls on one set), with `calls_per_graph` sets' calls in one graph."""
-    sets = len(per_set)
-    calls = max(1, min(calls_per_graph, sets))
-    groups = math.ceil(sets / calls)
-
-    def make_group(g):
-        fns = [lambda c=c: ffi_dsa.call(*c[0].args(), c[1])
-               for j in range(calls) for c in per_set[(g * calls + j) % sets]]
-        return lambda: [fn() for fn in fns]
-
-    graphs = capture_graphs(make_group, groups, pool=torch.cuda.graph_pool_handle())
-    times = time_graph_replays(clock, graphs, replays, warmup)
-    del graphs
-    return statistics.median(times) / calls * 1e6
 
 
 def run_workload(name: str, spec: dict, a, clock: Clock) -> dict:
     lens = spec["lens"]
-    k_bytes = max(1, int(((lens + PAGE_TOKENS - 1) // PAGE_TOKENS).sum()) * PAGE_BYTES)
-    sets = int(min(a.max_sets, max(2, math.ceil(a.rotate_mb * MB / k_bytes))))
-    mega = make_batch_torch(np.tile(lens, sets), seed=a.seed + zlib.crc32(name.encode()) % 1000, device="cuda",
-                            queries=MADE_QUERIES)
-    batch = len(lens)
-    set_batches = [mega.rows(i * batch, (i + 1) * batch) for i in range(sets)]  # one shared cache
+    rot = rotating_sets(lens, "cuda", a.rotate_mb * MB, seed=a.seed + zlib.crc32(name.encode()) % 1000,
+                        max_sets=a.max_sets, max_pages=spec.get("table_pages"), queries=MADE_QUERIES)
+    batch, sets = rot.batch, rot.sets
+    set_batches = [rot.mega.rows(i * batch, (i + 1) * batch) for i in range(sets)]  # one shared cache
     r = {"name": name, "desc": spec["desc"], "batch": batch, "tokens": int(lens.sum()), "sets": sets, "us": {},
          "check": {}}
     print(f"  {name} ({spec['desc']}): {sets} input sets", flush=True)
@@ -114,11 +90,14 @@ def run_workload(name: str, spec: dict, a, clock: Clock) -> dict:
             clock.sync()
             problems += check_result(out, sub, rows)
         r["check"][variant] = "PASS" if not problems else f"FAIL: {problems[0]}"
-        r["us"][variant] = in_graph_us(clock, per_set, a.calls_per_graph, a.replays, a.warmup)
+        def make_call(i, per_set=per_set):  # set i's calls of the variant
+            return lambda: [ffi_dsa.call(*sub.args(), out) for sub, out in per_set[i]]
+
+        r["us"][variant], _ = in_graph_us(clock, make_call, sets, a.calls_per_graph, a.replays, a.warmup)
         print(f"    {variant:<9} {r['us'][variant]:8.2f} us in graph, check {r['check'][variant]}", flush=True)
         del per_set
         gc.collect()
-    del set_batches, mega
+    del set_batches, rot
     gc.collect()
     torch.cuda.empty_cache()
     return r

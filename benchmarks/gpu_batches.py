@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ffi_dsa._arrays import output_shape
 from ffi_dsa.contract import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_FP8_BYTES, PAGE_TOKENS, TOKEN_BYTES
 from ffi_dsa.kv_cache import pack_k_cache
 from ffi_dsa.workloads import page_layout
@@ -30,6 +31,10 @@ class TorchBatch:
 
     def args(self):
         return self.q, self.k_cache, self.weights, self.seq_lens, self.block_table
+
+    def output_shape(self, topk: int) -> tuple[int, ...]:
+        """[B, K], or [B, N, K] for a rank-4 q (ffi_dsa._arrays.output_shape)."""
+        return output_shape(tuple(self.q.shape), topk)
 
     @property
     def tokens(self) -> int:

@@ -51,7 +51,7 @@ def child(name: str, queries: int | None, heads: int) -> int:
     _ffi_api.cuda_module()
     lens = workloads()[name]["lens"]
     batch = make_batch_torch(lens, seed=5, device="cuda", queries=queries, heads=heads)
-    out = torch.full((*batch.q.shape[:-2], TOPK), -7, dtype=torch.int32, device="cuda")
+    out = torch.full(batch.output_shape(TOPK), -7, dtype=torch.int32, device="cuda")
     torch.cuda.synchronize()
     ffi_dsa.call(*batch.args(), out)
     torch.cuda.synchronize()
