@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script a GPU call runs, from the repository root of the device machine:
 #
-#   bash benchmarks/device_run.sh [build|test|sanitize|bench|queries|counters|all]...   (default: all)
+#   bash benchmarks/device_run.sh [build|test|sanitize|bench|queries|counters|fuzz|chain|all]...   (default: all)
 #
 #   build     import ffi_dsa, force the CUDA module build, print ptxas resource usage (-Xptxas -v)
 #   test      python3 -m pytest -q -x tests                      -> $OUT/pytest.log
@@ -10,6 +10,9 @@
 #   bench     benchmarks/bench_gpu.py                            -> $OUT/bench.{log,json,png}
 #   queries   benchmarks/bench_queries.py (N queries per row, 32 heads) -> $OUT/queries.{log,json}
 #   counters  benchmarks/kernel_counters.py, N = 1 then N = 2      -> $OUT/counters.log
+#   fuzz      benchmarks/fuzz.py ${FUZZ_ARGS:---device cuda --calls 10000}  -> $OUT/fuzz.log
+#   chain     the production chain side by side (.chain/run.sh ${CHAIN_ARGS:---mtp}; carry .chain,
+#             a copy of ../shared/chain)                          -> $OUT/chain.log
 #
 # The device image has python3 3.12, torch (CUDA), JAX, nvcc at /usr/local/cuda and ninja, but not
 # apache-tvm-ffi / jax-tvm-ffi: those travel as cp312 wheels in .whl/ (name .whl in the call's
@@ -181,14 +184,33 @@ step_counters() {
   return $rc
 }
 
+step_fuzz() {
+  set -o pipefail
+  # shellcheck disable=SC2086
+  python3 benchmarks/fuzz.py ${FUZZ_ARGS:---device cuda --calls 10000} 2>&1 | tee "$OUT/fuzz.log"
+  local rc=$?
+  set +o pipefail
+  return $rc
+}
+
+step_chain() {
+  [ -f .chain/run.sh ] || { echo "chain: .chain/run.sh missing (cp -r ../shared/chain .chain; carry .chain)"; return 1; }
+  set -o pipefail
+  # shellcheck disable=SC2086
+  OUT="$OUT" bash .chain/run.sh ${CHAIN_ARGS:---mtp} 2>&1 | tee "$OUT/chain.log"
+  local rc=$?
+  set +o pipefail
+  return $rc
+}
+
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(all)
 EXPANDED=()
 for s in "${STEPS[@]}"; do
   case "$s" in
     all) EXPANDED+=(build test sanitize bench) ;;
-    build|test|sanitize|bench|queries|counters) EXPANDED+=("$s") ;;
-    *) echo "usage: bash benchmarks/device_run.sh [build|test|sanitize|bench|queries|counters|all]..."; exit 2 ;;
+    build|test|sanitize|bench|queries|counters|fuzz|chain) EXPANDED+=("$s") ;;
+    *) echo "usage: bash benchmarks/device_run.sh [build|test|sanitize|bench|queries|counters|fuzz|chain|all]..."; exit 2 ;;
   esac
 done
 

@@ -71,10 +71,21 @@ class Pool:
             raw[:, : PAGE_FP8_BYTES] = fp8.view(np.uint8).reshape(POOL_PAGES, -1)
         else:
             scales[:] = rng.uniform(0.5, 1.5, size=scales.shape).astype(np.float32)
-            special = rng.choice(scales.size, size=64, replace=False)  # a few NaN / inf / negative scales
-            scales.reshape(-1)[special[:24]] = np.nan
-            scales.reshape(-1)[special[24:40]] = np.inf
-            scales.reshape(-1)[special[40:]] = -1.0
+            # Scales the kernels may not factor out of the relu (docs/contract.md: only a number in
+            # [0, 2^64) is), scattered so that a quad or warp mixes both forms: NaN, +-inf,
+            # negative, +-0.0 and beyond 2^64; and whole pages of negative or zero scales.
+            special = rng.choice(scales.size, size=96, replace=False)
+            flat = scales.reshape(-1)
+            flat[special[:20]] = np.nan
+            flat[special[20:32]] = np.inf
+            flat[special[32:40]] = -np.inf
+            flat[special[40:56]] = -rng.uniform(1e-3, 1.5, size=16).astype(np.float32)
+            flat[special[56:68]] = 0.0
+            flat[special[68:76]] = -0.0
+            flat[special[76:96]] = np.float32(3e19)
+            whole = rng.choice(POOL_PAGES, size=6, replace=False)
+            scales[whole[:4]] = -rng.uniform(0.5, 1.5, size=(4, scales.shape[1])).astype(np.float32)
+            scales[whole[4:]] = 0.0
         fp8v, scale = unpack_k_cache(self.k_cache)
         self.keys = (fp8v * scale[..., None]).reshape(POOL_PAGES * PAGE_TOKENS, HEAD_DIM)
         self.exact = exact

@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "ffi_dsa/contract.h"
+#include "ffi_dsa/impls/sm90_page_epilogue.cuh"
 #include "ffi_dsa/impls/sm90_ptx.cuh"
 #include "ffi_dsa/impls/sm90_rows.cuh"
 #include "ffi_dsa/impls/sm90_score_pages.cuh"
@@ -163,26 +164,35 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   __syncwarp();
 
   // ---- score the row's queries into shared memory -------------------------------------------
+  using Groups = PageGroups<kHeads, kQueries>;
+  constexpr int kSlots = Groups::kSlots;
   const int warp = (tid % kWarpgroupThreads) / 32, lane = tid % 32;
-  const int r0 = 16 * warp + lane / 4;  // wgmma m64nN accumulator rows r0 and r0 + 8
-  // This thread's share of each query's stats, gathered while scoring.
-  SliceStats stats[kQueries];
+  // wgmma m64nN accumulator rows r0 and r0 + 8; after the quad reduction a lane's scores are of
+  // token r0 + 8 * (lane & 1).
+  const int r0 = 16 * warp + lane / 4;
+  const int token = r0 + 8 * (lane & 1);
+  // This lane's slots (sm90_page_epilogue.cuh), and this thread's share of each slot's stats,
+  // gathered while scoring.
+  LaneSlots<kHeads, kQueries> slots;
+  slots.Set(length, written, lane);
+  SliceStats stats[kSlots];
 #pragma unroll
-  for (int j = 0; j < kQueries; ++j) stats[j] = EmptyStats();
+  for (int x = 0; x < kSlots; ++x) stats[x] = EmptyStats();
   RowWeights<kHeads, kQueries, kFusedHeldWeights> weights;
   if (wg < pages) {
     weights.Load(fp.weights + row * queries * kHeads, lane);
     MbarWait(&ring.q_full, 0);
   }
+  const uint32_t desc_q = SmemDescLow(q_tiles);
   for (int i = wg; i < pages; i += kMathWarpgroups) {
     const int st = i % kFusedStages;
     const uint32_t phase = (i / kFusedStages) & 1;
     MbarWait(&ring.full[st], phase);
     const bool valid = row_pages[i] >= 0;  // uniform over the warpgroup
     const int32_t page_t0 = i * kPageTokens;
-    uint32_t seen = 0;  // the queries that see this page (uniform)
+    uint32_t seen = 0;  // the groups with a query that sees this page (uniform)
 #pragma unroll
-    for (int j = 0; j < kQueries; ++j) seen |= uint32_t(page_t0 < written[j]) << j;
+    for (int j = 0; j < kQueries; ++j) seen |= uint32_t(page_t0 < written[j]) << (j / Groups::kMmaQueries);
     const int last = seen ? 31 - __clz(seen) : -1;  // (seen != 0: page i is below some query's end)
     auto release = [&] {
       MbarArrive(&ring.empty[st]);  // this thread no longer reads the stage
@@ -193,34 +203,25 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
       __syncwarp();  // converged again for the shuffles below and the next wgmma (.aligned)
     };
     if (last < 0) release();  // never taken; keeps the stage's arrivals exact if that ever changes
+    const uint32_t desc_k = SmemDescLow(ring.k_tiles[st]);
+    ForEachGroup<Groups::kCount>([&](auto group) {
+      constexpr int g = decltype(group)::value;
+      if (!((seen >> g) & 1)) return;
+      uint32_t keys[Groups::Slots(g)];
+      ScoreGroup<kHeads, kQueries, g>(valid, desc_k, desc_q, ring.scales[st], r0, lane, weights, [&] {
+        if (g == last) release();
+      }, keys);
 #pragma unroll
-    for (int j = 0; j < kQueries; ++j) {
-      if (!((seen >> j) & 1)) continue;
-      float acc[kHeads / 2];
-      float scale0 = 0.0f, scale1 = 0.0f;
-      if (valid) {
-        PageLogits<kHeads>(acc, ring.k_tiles[st], SmemDescSw128(q_tiles + j * kQTileBytes<kHeads>), ring.scales[st],
-                           r0, scale0, scale1);
+      for (int x = 0; x < Groups::Slots(g); ++x) {
+        const int slot = Groups::FirstSlot(g) + x;
+        const int32_t t = page_t0 + token;
+        if (t < slots.written[slot]) {
+          const uint32_t key = t < slots.length[slot] ? keys[x] : kNotCandidate;
+          AddKey(stats[slot], key);
+          row_keys[slots.query[slot] * fp.key_stride + t] = key;
+        }
       }
-      if (j == last) release();
-      uint32_t k0 = kNotCandidate, k1 = kNotCandidate;
-      if (valid) {  // (the quad's shuffles in TokenScore need every lane)
-        float w[kHeads / 4];
-        weights.Get(j, lane, w);
-        k0 = ScoreToKey(TokenScore<kHeads>(acc, 0, scale0, w));
-        k1 = ScoreToKey(TokenScore<kHeads>(acc, 2, scale1, w));
-      }
-      if (lane % 4 == 0) {  // (the quad's four lanes hold the same two keys)
-        const int32_t t0 = page_t0 + r0, t1 = t0 + 8;
-        if (t0 >= length[j]) k0 = kNotCandidate;
-        if (t1 >= length[j]) k1 = kNotCandidate;
-        AddKey(stats[j], k0);
-        AddKey(stats[j], k1);
-        uint32_t* query_keys = row_keys + j * fp.key_stride;
-        if (t0 < written[j]) query_keys[t0] = k0;
-        if (t1 < written[j]) query_keys[t1] = k1;
-      }
-    }
+    });
   }
   __syncthreads();  // the row's keys are in shared memory
 
@@ -234,8 +235,13 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
       __syncthreads();
     }
     first_select = false;
+    SliceStats query_stats = EmptyStats();  // this thread's share of query j's (one slot at most)
+#pragma unroll
+    for (int x = 0; x < kSlots; ++x) {
+      if (slots.query[x] == j) query_stats = stats[x];
+    }
     const KeySpan keys{row_keys + j * fp.key_stride, nullptr, static_cast<uint32_t>(length[j])};
-    SelectSlice(p, smem.select, row * queries + j, row, length[j], /*begin=*/0, keys, stats[j], row_pages,
+    SelectSlice(p, smem.select, row * queries + j, row, length[j], /*begin=*/0, keys, query_stats, row_pages,
                 /*landed=*/nullptr, /*cluster_size=*/1, /*cluster_rank=*/0);
   }
   WriteUnscoredQueries(p, row, length, smem.select);

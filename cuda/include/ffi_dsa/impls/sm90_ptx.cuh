@@ -79,6 +79,11 @@ __device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
+// Barrier `id` (1..15; 0 is __syncthreads) over `threads` threads, whole warps.
+__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- programmatic dependent launch ----------------------------------------------------------
 // The next kernel in the stream (launched with programmatic stream serialization) may start its
 // prologue once every CTA of this one has signalled; it must wait before reading our output.
@@ -90,20 +95,23 @@ __device__ __forceinline__ void AllowDependentLaunch() {
 __device__ __forceinline__ void WaitForPrecedingGrid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // ---- wgmma ----------------------------------------------------------------------------------
+constexpr int kWarpgroupThreads = 128;  // four consecutive warps issue one wgmma together
+
 // Shared-memory matrix descriptor for a K-major operand in the 128-byte swizzle layout: rows of
 // 128 bytes, 8-row (1024-byte) swizzle atoms stacked along M/N. The tile must be 1024-aligned.
-__device__ __forceinline__ uint64_t SmemDescSw128(const void* tile) {
-  const uint64_t addr = SmemAddr(tile);
-  uint64_t desc = 0;
-  desc |= (addr & 0x3FFFF) >> 4;             // start address, 16-byte units
-  desc |= uint64_t(1) << 16;                 // leading byte offset: unused for swizzled K-major
-  desc |= uint64_t(1024 >> 4) << 32;         // stride byte offset: one 8-row swizzle atom
-  desc |= uint64_t(1) << 62;                 // layout: 128-byte swizzle
-  return desc;
+// The high word is the same for every such tile (stride byte offset: one 8-row atom; layout:
+// 128-byte swizzle); the low word holds the start address in 16-byte units and the unused
+// leading byte offset (1). Addresses are built on the low word alone: a shared address is below
+// 2^18, so adding a K offset never carries into the high word, and 32-bit adds keep the
+// descriptor arithmetic off the 64-bit path on every wgmma of the page loop.
+constexpr uint32_t kDescSw128High = (1u << 30) | (1024u >> 4);
+__device__ __forceinline__ uint32_t SmemDescLow(const void* tile) {
+  return ((SmemAddr(tile) & 0x3FFFFu) >> 4) | (1u << 16);
 }
+__device__ __forceinline__ uint64_t SmemDesc(uint32_t low) { return (uint64_t(kDescSw128High) << 32) | low; }
 // Advancing along K inside the swizzle atom is a plain start-address offset (the hardware
 // applies the XOR to the final address), 32 bytes per k32 step of FP8.
-__device__ __forceinline__ uint64_t DescAdvance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+__device__ __forceinline__ uint32_t DescAdvance(uint32_t low, uint32_t bytes) { return low + (bytes >> 4); }
 
 __device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -127,53 +135,113 @@ __device__ __forceinline__ void FenceOperand(float (&d)[kRegs]) {
   for (int i = 0; i < kRegs; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// D[64x64] (+)= A[64x32] * B[64x32]^T, e4m3 x e4m3 -> f32, both operands K-major in shared memory.
-__device__ __forceinline__ void WgmmaM64N64K32E4M3(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
-                                                   bool accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-        "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
-}
+// D[64 x kCols] (+)= A[64x32] * B[kCols x 32]^T, e4m3 x e4m3 -> f32, both operands K-major in shared
+// memory: kCols / 2 accumulators per thread. A page's tokens are M; the N side holds the heads
+// of one or several queries (sm90_page_epilogue.cuh), so the widths used are 32..128.
+template <int kCols>
+struct WgmmaE4M3;
 
-// D[64x32] (+)= A[64x32] * B[32x32]^T: the same for a 32-head query.
-__device__ __forceinline__ void WgmmaM64N32K32E4M3(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
-                                                   bool accumulate) {
-  asm volatile(
+template <>
+struct WgmmaE4M3<32> {
+  __device__ __forceinline__ static void Run(float (&d)[16], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+    asm volatile(
       "{\n"
       ".reg .pred p;\n"
       "setp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "%16, %17, p, 1, 1;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15 "
+      "}, %16, %17, p, 1, 1;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-        "+f"(d[15])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
-}
-
-// The m64nN k32 FP8 wgmma with N = kHeads (64 or 32): kHeads / 2 accumulators per thread.
-template <int kHeads>
-__device__ __forceinline__ void WgmmaHeadsK32(float (&d)[kHeads / 2], uint64_t desc_a, uint64_t desc_b,
-                                              bool accumulate) {
-  static_assert(kHeads == 64 || kHeads == 32, "the contract's head counts");
-  if constexpr (kHeads == 64) {
-    WgmmaM64N64K32E4M3(d, desc_a, desc_b, accumulate);
-  } else {
-    WgmmaM64N32K32E4M3(d, desc_a, desc_b, accumulate);
   }
+};
+
+template <>
+struct WgmmaE4M3<64> {
+  __device__ __forceinline__ static void Run(float (&d)[32], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+    asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 "
+      "}, %32, %33, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+  }
+};
+
+template <>
+struct WgmmaE4M3<96> {
+  __device__ __forceinline__ static void Run(float (&d)[48], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+    asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %50, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47 "
+      "}, %48, %49, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+  }
+};
+
+template <>
+struct WgmmaE4M3<128> {
+  __device__ __forceinline__ static void Run(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+    asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63 "
+      "}, %64, %65, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+  }
+};
+
+// ---- register reallocation between warpgroups ------------------------------------------------
+// Each warpgroup of a role runs exactly one of these right after the role split; the counts must
+// fit the CTA's launch allocation (threads x the register cap of __launch_bounds__).
+template <uint32_t kRegs>
+__device__ __forceinline__ void GrowRegisters() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+template <uint32_t kRegs>
+__device__ __forceinline__ void ShrinkRegisters() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
 }
 
 }  // namespace ffi_dsa::sm90

@@ -25,9 +25,11 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <cub/block/block_scan.cuh>
 
 #include "ffi_dsa/contract.h"
+#include "ffi_dsa/impls/sm90_page_epilogue.cuh"
 #include "ffi_dsa/impls/sm90_ptx.cuh"
 #include "ffi_dsa/impls/sm90_rows.cuh"
 #include "ffi_dsa/rank_key.h"
@@ -51,7 +53,6 @@ struct ScoreParams {
 
 constexpr int kScoreThreads = 640;
 constexpr int kMathWarpgroups = 4;
-constexpr int kWarpgroupThreads = 128;
 constexpr int kMathThreads = kMathWarpgroups * kWarpgroupThreads;
 // 4 pages being computed + 4 in flight. Measured on H100 (v12.4): 8 stages beat 12 by ~1 µs on the
 // HBM-bound shapes (W4 85.4 -> 84.4, W5 71.2 -> 70.2 µs) and 16/20/24 were slower still: with every
@@ -63,10 +64,6 @@ constexpr int kIssuerWarps = 4;
 // The stage barriers are waited on by phase parity, which is sound only if each stage always
 // belongs to the same producer warp and warpgroup (a 10-stage build gave no results on the H100).
 static_assert(kStages % kIssuerWarps == 0 && kStages % kMathWarpgroups == 0, "stage ownership");
-// One query's heads; a segment's Q is its row's N of them, query j at j x kHeads rows (a whole
-// number of 1024-byte swizzle atoms, so each query's tile is an operand of its own).
-template <int kHeads>
-constexpr int kQTileBytes = kHeads * kHeadDim;
 constexpr int64_t kPrefetchTableBytes = int64_t(8) << 20;
 
 // Kernels are compiled per head count and per N (kQueries): the query loops unroll to exactly N
@@ -75,6 +72,7 @@ template <int kHeads, int kQueries>
 struct alignas(1024) ScoreSmem {
   uint8_t k_tiles[kStages][kPageFp8Bytes];  // each 1024-aligned: TMA swizzle-128B atoms
   uint8_t q_tiles[2][kQueries * kQTileBytes<kHeads>];   // segment k uses buffer k % 2
+  alignas(16) float weights[kMathWarpgroups][kQueries * kHeads];  // StagedWeights: a copy per warpgroup
   float scales[kStages][kPageTokens];
   int32_t stage_page[kStages];               // page id of the stage, written before its full arrive
   uint64_t full[kStages];
@@ -118,97 +116,6 @@ struct SegmentWalk {
   }
 };
 
-// Head weights of this thread's accumulator columns (8j + 2 (lane % 4) + {0, 1}), from a query's
-// kHeads weights (scalar loads: a weights view need not be 8-byte aligned).
-template <int kHeads>
-__device__ __forceinline__ void LoadHeadWeights(const float* query_weights, int lane, float (&w)[kHeads / 4]) {
-#pragma unroll
-  for (int j = 0; j < kHeads / 8; ++j) {
-    w[2 * j] = __ldg(query_weights + 8 * j + 2 * (lane % 4));
-    w[2 * j + 1] = __ldg(query_weights + 8 * j + 2 * (lane % 4) + 1);
-  }
-}
-
-// This thread's head weights of a row's N queries. Kept in registers when they fit beside the
-// accumulators (N x H <= kMaxHeld: kMaxHeld / 4 registers), loaded once per row; otherwise read
-// again for every page and query, from L1. The bound is the kernel's register budget (kernel 1:
-// 640 threads, 96 registers each). Not a copy in shared memory: that needs a barrier of all math
-// warpgroups at every row (benchmarks/NOTES.md, v14).
-template <int kHeads, int kQueries, int kMaxHeld>
-struct RowWeights {
-  static constexpr bool kInRegisters = kQueries * kHeads <= kMaxHeld;
-  float held[kInRegisters ? kQueries : 1][kHeads / 4];
-  const float* row;  // [kQueries][kHeads] in global memory
-
-  __device__ __forceinline__ void Load(const float* row_weights, int lane) {
-    row = row_weights;
-    if constexpr (kInRegisters) {
-#pragma unroll
-      for (int j = 0; j < kQueries; ++j) LoadHeadWeights<kHeads>(row + j * kHeads, lane, held[j]);
-    }
-  }
-  // Query j's weights (j a compile-time index after unrolling).
-  __device__ __forceinline__ void Get(int j, int lane, float (&w)[kHeads / 4]) const {
-    if constexpr (kInRegisters) {
-#pragma unroll
-      for (int x = 0; x < kHeads / 4; ++x) w[x] = held[j][x];
-    } else {
-      LoadHeadWeights<kHeads>(row + j * kHeads, lane, w);
-    }
-  }
-};
-
-// Score of one accumulator row of this thread (`half` 0: row r0, 2: row r0 + 8), summed over
-// the quad that shares the row. SPEC order is relu(logit * scale); for a non-negative scale
-// that cannot overflow a logit (< 2^64) that equals scale * relu(logit), which saves a multiply
-// per head. Four partial sums shorten the dependent chain.
-template <int kHeads>
-__device__ __forceinline__ float TokenScore(const float (&acc)[kHeads / 2], int half, float scale,
-                                            const float (&w)[kHeads / 4]) {
-  float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  float score;
-  if (scale >= 0.0f && scale < 1.8446744e19f) {
-#pragma unroll
-    for (int j = 0; j < kHeads / 8; ++j) {
-      part[(2 * j) & 3] = fmaf(w[2 * j], ReluNaN(acc[4 * j + half]), part[(2 * j) & 3]);
-      part[(2 * j + 1) & 3] = fmaf(w[2 * j + 1], ReluNaN(acc[4 * j + half + 1]), part[(2 * j + 1) & 3]);
-    }
-    score = ((part[0] + part[1]) + (part[2] + part[3])) * scale;
-  } else {  // negative, huge, infinite or NaN scale: exactly as written
-#pragma unroll
-    for (int j = 0; j < kHeads / 8; ++j) {
-      part[(2 * j) & 3] = fmaf(w[2 * j], ReluNaN(acc[4 * j + half] * scale), part[(2 * j) & 3]);
-      part[(2 * j + 1) & 3] = fmaf(w[2 * j + 1], ReluNaN(acc[4 * j + half + 1] * scale), part[(2 * j + 1) & 3]);
-    }
-    score = (part[0] + part[1]) + (part[2] + part[3]);
-  }
-  score += __shfl_xor_sync(0xFFFFFFFFu, score, 1);
-  score += __shfl_xor_sync(0xFFFFFFFFu, score, 2);
-  return score;
-}
-
-// The [64 tokens x kHeads heads] FP8 product of one staged page with one query (4 x wgmma
-// m64nHk32, both operands K-major, 128B-swizzled), and this thread's two token scales (rows r0
-// and r0 + 8), read while the tensor cores work. Every thread of the warpgroup calls it.
-template <int kHeads>
-__device__ __forceinline__ void PageLogits(float (&acc)[kHeads / 2], const uint8_t* k_tile, uint64_t desc_q,
-                                           const float* page_scales, int r0, float& scale0, float& scale1) {
-#pragma unroll
-  for (int x = 0; x < kHeads / 2; ++x) acc[x] = 0.0f;
-  FenceOperand(acc);
-  WgmmaFence();
-  const uint64_t desc_k = SmemDescSw128(k_tile);
-#pragma unroll
-  for (int kk = 0; kk < kHeadDim / 32; ++kk) {
-    WgmmaHeadsK32<kHeads>(acc, DescAdvance(desc_k, kk * 32), DescAdvance(desc_q, kk * 32), kk > 0);
-  }
-  WgmmaCommit();
-  scale0 = page_scales[r0];
-  scale1 = page_scales[r0 + 8];
-  WgmmaWait<0>();
-  FenceOperand(acc);
-}
-
 // Producer warp 0's leader: segment `segment`'s Q (the row's N queries x kHeads heads) by TMA into
 // buffer segment % 2, once the math threads released its previous use.
 template <int kHeads, int kQueries>
@@ -220,11 +127,150 @@ __device__ __forceinline__ void LoadSegmentQ(ScoreSmem<kHeads, kQueries>& s, con
   TmaLoad2d(s.q_tiles[qb], &q_map, 0, static_cast<int32_t>(row * kQueries * kHeads), &s.q_full[qb]);
 }
 
-// Head weights kernel 1 keeps in registers (RowWeights): one query of 64 heads or two of 32.
+// Registers per thread after the role split (setmaxnreg): the math warpgroups hold a group's 64
+// accumulators and up to 32 head weights; the producer needs few. 512 x 112 + 128 x 32 is the
+// launch allocation, 640 x 96 (__launch_bounds__(640, 1)).
+constexpr uint32_t kMathRegisters = 112;
+constexpr uint32_t kProducerRegisters = 32;
+static_assert(kMathThreads * kMathRegisters + (kScoreThreads - kMathThreads) * kProducerRegisters <= kScoreThreads * 96,
+              "the register split must fit the launch allocation");
+// Head weights kept in registers (RowWeights) up to one query of 64 heads or two of 32; beyond,
+// beside a group's 64 accumulators, they are staged in shared memory (StagedWeights).
 constexpr int kHeldWeights = 64;
+template <int kHeads, int kQueries>
+using ScoreWeights = std::conditional_t<kQueries * kHeads <= kHeldWeights, RowWeights<kHeads, kQueries, kHeldWeights>,
+                                        StagedWeights<kHeads, kQueries>>;
 
 // First local page index >= i0 that belongs to `lane_of_four` (pages go round-robin by i % 4).
 __device__ __forceinline__ int FirstOwned(int i0, int lane_of_four) { return i0 + ((lane_of_four - i0 % 4) + 4) % 4; }
+
+// The producer warpgroup: its four warps issue every 4th page each into the stage ring, and warp 0
+// loads each segment's Q.
+template <int kHeads, int kQueries>
+__device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, const CUtensorMap& k_map,
+                                             const CUtensorMap& q_map, const ScoreParams& p, SegmentWalk walk,
+                                             int tid) {
+  static_assert(kScoreThreads - kMathThreads == 32 * kIssuerWarps, "every producer warp issues pages");
+  // Whole warps run the loops and stay converged (lane 0 issues); their lanes fetch 32 page
+  // ids at once, so no issue waits on a block-table load of its own.
+  const int pw = (tid - kMathThreads) / 32, lane = tid % 32;
+  const bool leader = lane == 0;
+  int segment = 0, i0 = 0;
+  while (walk.Next<kQueries>(p)) {
+    const int np = walk.page_end - walk.page_begin;
+    if (pw == 0 && leader) LoadSegmentQ(s, q_map, walk.seg_row, segment);
+    __syncwarp();
+    // table[i - i0] is the page id of the CTA's local page i.
+    const int32_t* table = p.block_table + walk.seg_row * p.max_pages + walk.page_begin;
+    for (int base = FirstOwned(i0, pw); base < i0 + np; base += 32 * kIssuerWarps) {
+      const int mine = base + lane * kIssuerWarps;
+      const int32_t my_page = mine < i0 + np ? table[mine - i0] : -1;
+      const int count = min(32, (i0 + np - base + kIssuerWarps - 1) / kIssuerWarps);
+      for (int u = 0; u < count; ++u) {
+        const int i = base + u * kIssuerWarps;
+        const int32_t page = __shfl_sync(0xFFFFFFFFu, my_page, u);
+        const int st = i % kStages;
+        if (i >= kStages) MbarWait(&s.empty[st], ((i / kStages) - 1) & 1);
+        if (leader) {
+          s.stage_page[st] = page;  // published by the arrive below (release)
+          if (page >= 0 && page < p.num_pages) {
+            MbarArriveExpectTx(&s.full[st], kPageFp8Bytes + kScaleBytes);
+            TmaLoad3d(s.k_tiles[st], &k_map, 0, 0, page, &s.full[st]);
+            BulkLoad(s.scales[st], p.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes,
+                     &s.full[st]);
+          } else {
+            MbarArrive(&s.full[st]);  // nothing to load: the consumers see the invalid id themselves
+          }
+        }
+        __syncwarp();
+      }
+    }
+    i0 += np;
+    ++segment;
+  }
+}
+
+// A math warpgroup: pages i = wg (mod 4) of the CTA's range, every group of the row's queries
+// (sm90_page_epilogue.cuh), one key per (query, token) to the query row's workspace row.
+template <int kHeads, int kQueries>
+__device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s, const ScoreParams& p,
+                                                 SegmentWalk walk, int tid) {
+  constexpr int queries = kQueries;  // p.qs.queries
+  using Groups = PageGroups<kHeads, kQueries>;
+  constexpr int kSlots = Groups::kSlots;
+  const int wg = tid / kWarpgroupThreads, warp = (tid % kWarpgroupThreads) / 32, lane = tid % 32;
+  // Accumulator layout of wgmma m64nN: thread holds rows r0 and r0 + 8, columns
+  // 8j + 2 * (lane % 4) + {0, 1}; after the quad reduction a lane's scores are of token r0 + 8 * (lane & 1).
+  const int r0 = 16 * warp + lane / 4;
+  const int token = r0 + 8 * (lane & 1);
+  int segment = 0, i0 = 0;
+  while (walk.Next<kQueries>(p)) {
+    const int np = walk.page_end - walk.page_begin;
+    const int qb = segment & 1;
+    const int first = FirstOwned(i0, wg);
+    // Each query's keys end at its length rounded up to a quad (the select reads whole quads;
+    // the pad gets kNotCandidate); 0 for a query that needs no scores. Read before the Q wait:
+    // on a cold call seq_lens and Q are both memory round trips, and this way they overlap.
+    int32_t length[kQueries], written[kQueries];
+#pragma unroll
+    for (int j = 0; j < kQueries; ++j) {
+      length[j] = QueryLength(p.seq_lens, walk.seg_row, j, p.qs, p.max_pages);
+      written[j] = ScoresNeeded(length[j], p.topk, p.sorted) ? static_cast<int32_t>((int64_t(length[j]) + 3) / 4 * 4) : 0;
+    }
+    // This lane's slots (sm90_page_epilogue.cuh) and their keys at this lane's token of page 0.
+    LaneSlots<kHeads, kQueries> slots;
+    slots.Set(length, written, lane);
+    uint32_t* slot_keys[kSlots];
+#pragma unroll
+    for (int x = 0; x < kSlots; ++x) slot_keys[x] = p.keys + (walk.seg_row * queries + slots.query[x]) * p.row_stride + token;
+    // The head weights too (HBM round trips on a cold call, like Q: loaded before its wait).
+    ScoreWeights<kHeads, kQueries> weights;
+    const float* row_weights = p.weights + walk.seg_row * queries * kHeads;
+    if constexpr (decltype(weights)::kStaged) {
+      weights.Load(row_weights, s.weights[wg], tid % kWarpgroupThreads, /*barrier=*/1 + wg);
+    } else {
+      weights.Load(row_weights, lane);
+    }
+    const uint32_t desc_q = SmemDescLow(s.q_tiles[qb]);
+    // Every math thread waits for the segment's Q, pages or not: its q_empty arrival below must
+    // not run ahead into the next phase of the buffer (a warpgroup with no page in several
+    // one-page segments would otherwise arrive for segment k + 2 before others did for k).
+    MbarWait(&s.q_full[qb], (segment >> 1) & 1);
+    for (int i = first; i < i0 + np; i += kMathWarpgroups) {
+      const int stage = i % kStages;
+      MbarWait(&s.full[stage], (i / kStages) & 1);
+      const int32_t page = s.stage_page[stage];
+      const bool valid = page >= 0 && page < p.num_pages;  // uniform over the warpgroup
+      const int32_t page_t0 = (walk.page_begin + (i - i0)) * kPageTokens;
+      // The groups with a query that sees this page (uniform); the stage is released after the
+      // last one's products.
+      uint32_t seen = 0;
+#pragma unroll
+      for (int j = 0; j < kQueries; ++j) seen |= uint32_t(page_t0 < written[j]) << (j / Groups::kMmaQueries);
+      const int last = seen ? 31 - __clz(seen) : -1;
+      if (last < 0) MbarArrive(&s.empty[stage]);
+      const uint32_t desc_k = SmemDescLow(s.k_tiles[stage]);
+      ForEachGroup<Groups::kCount>([&](auto group) {
+        constexpr int g = decltype(group)::value;
+        if (!((seen >> g) & 1)) return;
+        uint32_t keys[Groups::Slots(g)];
+        ScoreGroup<kHeads, kQueries, g>(valid, desc_k, desc_q, s.scales[stage], r0, lane, weights, [&] {
+          if (g == last) MbarArrive(&s.empty[stage]);  // this thread no longer reads the stage
+        }, keys);
+        // Every byte the select reads was written (compute-sanitizer initcheck).
+#pragma unroll
+        for (int x = 0; x < Groups::Slots(g); ++x) {
+          const int slot = Groups::FirstSlot(g) + x;
+          const int32_t t = page_t0 + token;
+          if (t < slots.written[slot]) slot_keys[slot][page_t0] = t < slots.length[slot] ? keys[x] : kNotCandidate;
+        }
+      });
+    }
+    MbarArrive(&s.q_empty[qb]);  // done with this segment's Q (every math thread, pages or not)
+    i0 += np;
+    ++segment;
+  }
+}
 
 template <int kHeads, int kQueries>
 __global__ void __launch_bounds__(kScoreThreads, 1)
@@ -322,118 +368,13 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     __syncthreads();
   }
   SegmentWalk walk{s.first_row, s.first_row_start, range_begin, range_end, 0, 0, 0};
-  constexpr int queries = kQueries;  // p.qs.queries
-
+  // One branch per role, so that each warpgroup's setmaxnreg is the first thing its branch does.
   if (tid >= kMathThreads) {
-    // ---- producer --------------------------------------------------------------------------
-    // Whole warps run the loops and stay converged (lane 0 issues); their lanes fetch 32 page
-    // ids at once, so no issue waits on a block-table load of its own.
-    const int pw = (tid - kMathThreads) / 32, lane = tid % 32;
-    const bool leader = lane == 0;
-    if (pw >= kIssuerWarps) return;
-    int segment = 0, i0 = 0;
-    while (walk.Next<kQueries>(p)) {
-      const int np = walk.page_end - walk.page_begin;
-      if (pw == 0 && leader) LoadSegmentQ(s, q_map, walk.seg_row, segment);
-      __syncwarp();
-      // table[i - i0] is the page id of the CTA's local page i.
-      const int32_t* table = p.block_table + walk.seg_row * p.max_pages + walk.page_begin;
-      for (int base = FirstOwned(i0, pw); base < i0 + np; base += 32 * kIssuerWarps) {
-        const int mine = base + lane * kIssuerWarps;
-        const int32_t my_page = mine < i0 + np ? table[mine - i0] : -1;
-        const int count = min(32, (i0 + np - base + kIssuerWarps - 1) / kIssuerWarps);
-        for (int u = 0; u < count; ++u) {
-          const int i = base + u * kIssuerWarps;
-          const int32_t page = __shfl_sync(0xFFFFFFFFu, my_page, u);
-          const int st = i % kStages;
-          if (i >= kStages) MbarWait(&s.empty[st], ((i / kStages) - 1) & 1);
-          if (leader) {
-            s.stage_page[st] = page;  // published by the arrive below (release)
-            if (page >= 0 && page < p.num_pages) {
-              MbarArriveExpectTx(&s.full[st], kPageFp8Bytes + kScaleBytes);
-              TmaLoad3d(s.k_tiles[st], &k_map, 0, 0, page, &s.full[st]);
-              BulkLoad(s.scales[st], p.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes,
-                       &s.full[st]);
-            } else {
-              MbarArrive(&s.full[st]);  // nothing to load: the consumers see the invalid id themselves
-            }
-          }
-          __syncwarp();
-        }
-      }
-      i0 += np;
-      ++segment;
-    }
-    return;
-  }
-
-  // ---- math ------------------------------------------------------------------------------------
-  const int wg = tid / kWarpgroupThreads, warp = (tid % kWarpgroupThreads) / 32, lane = tid % 32;
-  // Accumulator layout of wgmma m64nN: thread holds rows r0 and r0 + 8, columns
-  // 8j + 2 * (lane % 4) + {0, 1} for j < kHeads / 8.
-  const int r0 = 16 * warp + lane / 4;
-  int segment = 0, i0 = 0;
-  while (walk.Next<kQueries>(p)) {
-    const int np = walk.page_end - walk.page_begin;
-    const int qb = segment & 1;
-    const int first = FirstOwned(i0, wg);
-    // Each query's keys end at its length rounded up to a quad (the select reads whole quads;
-    // the pad gets kNotCandidate); 0 for a query that needs no scores. Read before the Q wait:
-    // on a cold call seq_lens and Q are both memory round trips, and this way they overlap.
-    int32_t length[kQueries], written[kQueries];
-#pragma unroll
-    for (int j = 0; j < kQueries; ++j) {
-      length[j] = QueryLength(p.seq_lens, walk.seg_row, j, p.qs, p.max_pages);
-      written[j] = ScoresNeeded(length[j], p.topk, p.sorted) ? static_cast<int32_t>((int64_t(length[j]) + 3) / 4 * 4) : 0;
-    }
-    // The head weights too (HBM round trips on a cold call, like Q: loaded before its wait).
-    RowWeights<kHeads, kQueries, kHeldWeights> weights;
-    weights.Load(p.weights + walk.seg_row * queries * kHeads, lane);
-    // Every math thread waits for the segment's Q, pages or not: its q_empty arrival below must
-    // not run ahead into the next phase of the buffer (a warpgroup with no page in several
-    // one-page segments would otherwise arrive for segment k + 2 before others did for k).
-    MbarWait(&s.q_full[qb], (segment >> 1) & 1);
-    for (int i = first; i < i0 + np; i += kMathWarpgroups) {
-      const int stage = i % kStages;
-      MbarWait(&s.full[stage], (i / kStages) & 1);
-      const int32_t page = s.stage_page[stage];
-      const bool valid = page >= 0 && page < p.num_pages;  // uniform over the warpgroup
-      const int64_t page_t0 = int64_t(walk.page_begin + (i - i0)) * kPageTokens;
-      // The queries that see this page (uniform); the stage is released after the last one's wgmma.
-      uint32_t seen = 0;
-#pragma unroll
-      for (int j = 0; j < kQueries; ++j) seen |= uint32_t(page_t0 < written[j]) << j;
-      const int last = seen ? 31 - __clz(seen) : -1;
-      if (last < 0) MbarArrive(&s.empty[stage]);
-#pragma unroll
-      for (int j = 0; j < kQueries; ++j) {
-        if (!((seen >> j) & 1)) continue;
-        float w[kHeads / 4];
-        weights.Get(j, lane, w);
-        float acc[kHeads / 2];
-        float scale0 = 0.0f, scale1 = 0.0f;
-        if (valid) {
-          PageLogits<kHeads>(acc, s.k_tiles[stage], SmemDescSw128(s.q_tiles[qb] + j * kQTileBytes<kHeads>),
-                             s.scales[stage], r0, scale0, scale1);
-        }
-        if (j == last) MbarArrive(&s.empty[stage]);  // this thread no longer reads the stage
-        uint32_t k0 = kNotCandidate, k1 = kNotCandidate;
-        if (valid) {
-          k0 = ScoreToKey(TokenScore<kHeads>(acc, 0, scale0, w));
-          k1 = ScoreToKey(TokenScore<kHeads>(acc, 2, scale1, w));
-        }
-        if (lane % 4 == 0) {
-          // Every byte the select reads was written (compute-sanitizer initcheck).
-          uint32_t* query_keys = p.keys + (walk.seg_row * queries + j) * p.row_stride;
-          const int64_t t0 = page_t0 + r0, t1 = t0 + 8;
-          if (t0 < written[j]) query_keys[t0] = t0 < length[j] ? k0 : kNotCandidate;
-          if (t1 < written[j]) query_keys[t1] = t1 < length[j] ? k1 : kNotCandidate;
-        }
-      }
-    }
-    MbarArrive(&s.q_empty[qb]);  // done with this segment's Q (every math thread, pages or not)
-    i0 += np;
-    ++segment;
+    ShrinkRegisters<kProducerRegisters>();
+    ProducePages(s, k_map, q_map, p, walk, tid);
+  } else {
+    GrowRegisters<kMathRegisters>();
+    ScoreStagedPages(s, p, walk, tid);
   }
 }
 

@@ -1,0 +1,312 @@
+// One staged page scored for every query of its row: the tensor-core products and the epilogue
+// that turns them into one rank key per (query, token). Shared by the page-streaming kernel
+// (sm90_score_pages.cuh) and the one-kernel path (sm90_fused_rows.cuh).
+//
+// Products. The page's 64 tokens are M; the N side stacks the heads of as many of the row's
+// queries as 128 columns hold (two of 64 heads, four of 32: their Q tiles lie back to back in
+// shared memory, so they are one K-major operand). One wgmma sequence then serves a whole group
+// of queries (the idea of DeepGEMM's paged MQA logits, which puts next_n x heads on N): a page
+// costs one set of descriptors and one tensor-core round trip per group instead of per query.
+//
+// Epilogue. Each accumulator costs one relu (max.NaN, which keeps NaN) and one FFMA with its
+// head weight; the token's scale is applied once, after the head sum, when it is a number in
+// [0, 2^64) (docs/contract.md allows factoring a positive scale out of the relu); any other scale
+// takes the exact form, relu(logit * scale), for that token. The quad of lanes that shares a
+// token row then sums its partial scores with a reduce-scatter: every exchange halves the values
+// a lane holds, so that each lane ends with whole scores of its own (query, token) pairs instead
+// of every lane of the quad summing every score. The keys, masks and stores that follow run once
+// per score, spread over the quad.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include "ffi_dsa/contract.h"
+#include "ffi_dsa/impls/sm90_ptx.cuh"
+#include "ffi_dsa/rank_key.h"
+
+namespace ffi_dsa::sm90 {
+
+// A query's Q tile: its heads x 128 bytes, a whole number of 1024-byte swizzle atoms.
+template <int kHeads>
+constexpr int kQTileBytes = kHeads * kHeadDim;
+
+// Accumulator columns of one wgmma: 128 (64 registers per thread) at most, so that a group's
+// accumulators and its head weights fit the math warpgroups' registers.
+constexpr int kMaxMmaColumns = 128;
+
+// How a row's kQueries queries are grouped for the tensor cores, and which scores each lane
+// holds after the quad reduction.
+//
+// After the first exchange (lanes 1 apart) a lane holds, for each query of the group, the
+// quad's sum for token row r0 + 8 * (lane & 1); after the second (lanes 2 apart) it holds "slots":
+// slot s is query 2s + ((lane >> 1) & 1) of the group, or, when the group has an odd query
+// left over, that query on both lanes of the pair (only the lane with bit 1 clear stores it).
+// Example, 64 heads and N = 2: one group of two queries, one slot per lane: lane 0 holds query 0
+// of token r0, lane 1 query 0 of token r0 + 8, lane 2 query 1 of token r0, lane 3 query 1 of r0 + 8.
+template <int kHeads, int kQueries>
+struct PageGroups {
+  static constexpr int kMmaQueries = kMaxMmaColumns / kHeads;
+  static constexpr int kCount = (kQueries + kMmaQueries - 1) / kMmaQueries;
+  __host__ __device__ static constexpr int Queries(int g) { return kQueries - g * kMmaQueries < kMmaQueries ? kQueries - g * kMmaQueries : kMmaQueries; }
+  __host__ __device__ static constexpr int Slots(int g) { return (Queries(g) + 1) / 2; }
+  __host__ __device__ static constexpr int FirstSlot(int g) { return g == 0 ? 0 : FirstSlot(g - 1) + Slots(g - 1); }
+  static constexpr int kSlots = FirstSlot(kCount);
+  // The group of slot s, counted over all groups (s is a compile-time index after unrolling).
+  __host__ __device__ static constexpr int GroupOfSlot(int s) {
+    int g = 0;
+    while (s >= Slots(g)) s -= Slots(g++);
+    return g;
+  }
+};
+
+// Calls f(std::integral_constant<int, g>) for g = 0 .. kCount - 1: the group index stays a
+// compile-time constant in the body, so each group's accumulators are a register array of its own.
+template <int kCount, int g = 0, typename F>
+__device__ __forceinline__ void ForEachGroup(F&& f) {
+  if constexpr (g < kCount) {
+    f(std::integral_constant<int, g>{});
+    ForEachGroup<kCount, g + 1>(f);
+  }
+}
+
+// The query of this lane's slot (global slot index s) and whether this lane stores it.
+template <int kHeads, int kQueries>
+__device__ __forceinline__ int SlotQuery(int s, int lane, bool& owner) {
+  using G = PageGroups<kHeads, kQueries>;
+  const int g = G::GroupOfSlot(s);
+  const int local = s - G::FirstSlot(g);
+  const bool paired = 2 * local + 1 < G::Queries(g);
+  owner = paired || (lane & 2) == 0;
+  return g * G::kMmaQueries + 2 * local + (paired ? (lane >> 1) & 1 : 0);
+}
+
+// This lane's slots for a row (or segment): each slot's query, that query's length, and where its
+// keys end (0 where the other lane of the pair stores the slot), from the row's per-query values.
+template <int kHeads, int kQueries>
+struct LaneSlots {
+  static constexpr int kCount = PageGroups<kHeads, kQueries>::kSlots;
+  int query[kCount];
+  int32_t length[kCount], written[kCount];
+
+  __device__ __forceinline__ void Set(const int32_t (&lengths)[kQueries], const int32_t (&ends)[kQueries], int lane) {
+#pragma unroll
+    for (int x = 0; x < kCount; ++x) {
+      bool owner;
+      query[x] = SlotQuery<kHeads, kQueries>(x, lane, owner);
+      length[x] = lengths[0];
+      written[x] = ends[0];
+#pragma unroll
+      for (int j = 1; j < kQueries; ++j) {  // compile-time indices only: the arrays stay in registers
+        if (query[x] == j) {
+          length[x] = lengths[j];
+          written[x] = ends[j];
+        }
+      }
+      if (!owner) written[x] = 0;
+    }
+  }
+};
+
+// Head weights of this thread's accumulator columns of one query (8j + 2 (lane % 4) + {0, 1}),
+// scalar loads: a weights view need not be 8-byte aligned.
+template <int kHeads>
+__device__ __forceinline__ void LoadHeadWeights(const float* query_weights, int lane, float (&w)[kHeads / 4]) {
+#pragma unroll
+  for (int j = 0; j < kHeads / 8; ++j) {
+    w[2 * j] = __ldg(query_weights + 8 * j + 2 * (lane % 4));
+    w[2 * j + 1] = __ldg(query_weights + 8 * j + 2 * (lane % 4) + 1);
+  }
+}
+
+// This thread's head weights of a row's N queries. Kept in registers when they fit beside the
+// accumulators (N x H <= kMaxHeld: kMaxHeld / 4 registers), loaded once per row; otherwise read
+// again for every page and query, from L1.
+template <int kHeads, int kQueries, int kMaxHeld>
+struct RowWeights {
+  static constexpr bool kInRegisters = kQueries * kHeads <= kMaxHeld;
+  static constexpr bool kStaged = false;
+  float held[kInRegisters ? kQueries : 1][kHeads / 4];
+  const float* row;  // [kQueries][kHeads] in global memory
+
+  __device__ __forceinline__ void Load(const float* row_weights, int lane) {
+    row = row_weights;
+    if constexpr (kInRegisters) {
+#pragma unroll
+      for (int j = 0; j < kQueries; ++j) LoadHeadWeights<kHeads>(row + j * kHeads, lane, held[j]);
+    }
+  }
+  // Query j's weights (j a compile-time index after unrolling).
+  __device__ __forceinline__ void Get(int j, int lane, float (&w)[kHeads / 4]) const {
+    if constexpr (kInRegisters) {
+#pragma unroll
+      for (int x = 0; x < kHeads / 4; ++x) w[x] = held[j][x];
+    } else {
+      LoadHeadWeights<kHeads>(row + j * kHeads, lane, w);
+    }
+  }
+};
+
+// This thread's head weights of a row's N queries, staged per segment in a per-warpgroup copy
+// in shared memory when they do not fit the registers beside a group's accumulators: a thread
+// then reads its kHeads / 4 weights of a query as kHeads / 16 16-byte loads per page (the copy is
+// laid out by quad lane, [query][lane % 4][kHeads / 4]) instead of holding them for the segment.
+// Only the warpgroup's own 128 threads read its copy, so a named barrier of those threads, not a
+// CTA barrier, orders the rewrite at each segment.
+template <int kHeads, int kQueries>
+struct StagedWeights {
+  static constexpr int kFloats = kQueries * kHeads;  // one warpgroup's copy
+  static constexpr bool kStaged = true;
+  float* copy;
+
+  // Every thread of the warpgroup, at every segment; `barrier` is the warpgroup's named barrier.
+  __device__ __forceinline__ void Load(const float* row_weights, float* warpgroup_copy, int wg_thread, int barrier) {
+    copy = warpgroup_copy;
+    float v[(kFloats + kWarpgroupThreads - 1) / kWarpgroupThreads];
+#pragma unroll
+    for (int k = 0; k < int(sizeof(v) / sizeof(float)); ++k) {
+      const int x = wg_thread + k * kWarpgroupThreads;
+      if (x < kFloats) v[k] = __ldg(row_weights + x);
+    }
+    NamedBarrierSync(barrier, kWarpgroupThreads);  // the previous segment's reads are done
+#pragma unroll
+    for (int k = 0; k < int(sizeof(v) / sizeof(float)); ++k) {
+      const int x = wg_thread + k * kWarpgroupThreads;
+      const int q = x / kHeads, h = x % kHeads;
+      if (x < kFloats) copy[q * kHeads + ((h % 8) / 2) * (kHeads / 4) + 2 * (h / 8) + h % 2] = v[k];
+    }
+    NamedBarrierSync(barrier, kWarpgroupThreads);
+  }
+  __device__ __forceinline__ void Get(int j, int lane, float (&w)[kHeads / 4]) const {
+    const float4* src = reinterpret_cast<const float4*>(copy + j * kHeads + (lane % 4) * (kHeads / 4));
+#pragma unroll
+    for (int m = 0; m < kHeads / 16; ++m) {
+      const float4 f = src[m];
+      w[4 * m] = f.x;
+      w[4 * m + 1] = f.y;
+      w[4 * m + 2] = f.z;
+      w[4 * m + 3] = f.w;
+    }
+  }
+};
+
+// The [64 tokens x kCols] FP8 product of one staged page with a group's Q tiles (4 x wgmma
+// m64nCk32), and this thread's two token scales (rows r0 and r0 + 8), read while the tensor
+// cores work. Every thread of the warpgroup calls it.
+template <int kCols>
+__device__ __forceinline__ void GroupLogits(float (&acc)[kCols / 2], uint32_t desc_k, uint32_t desc_q,
+                                            const float* page_scales, int r0, float& scale0, float& scale1) {
+#pragma unroll
+  for (int x = 0; x < kCols / 2; ++x) acc[x] = 0.0f;
+  FenceOperand(acc);
+  WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 32; ++kk) {
+    WgmmaE4M3<kCols>::Run(acc, SmemDesc(DescAdvance(desc_k, kk * 32)), SmemDesc(DescAdvance(desc_q, kk * 32)), kk > 0);
+  }
+  WgmmaCommit();
+  scale0 = page_scales[r0];
+  scale1 = page_scales[r0 + 8];
+  WgmmaWait<0>();
+  FenceOperand(acc);
+}
+
+// A scale the epilogue may factor out of the relu: a number in [0, 2^64), so that
+// relu(logit * scale) == scale * relu(logit) up to rounding (|logit| < 2^64).
+__device__ __forceinline__ bool FactorableScale(float scale) { return scale >= 0.0f && scale < 1.8446744e19f; }
+
+// This thread's partial score of query q of the group for token row r0 + 8h: its kHeads / 4
+// columns, each relu'd and weighted, in two chains (even and odd columns). The order of the adds
+// is the same whatever the group's size, so a query scores the same bytes in a call of N queries
+// as alone (tests compare them).
+template <int kHeads, int kGroupQueries>
+__device__ __forceinline__ float PartialScore(const float (&acc)[kGroupQueries * kHeads / 2], int q, int h,
+                                              const float (&w)[kHeads / 4], bool factored, float scale) {
+  float a = 0.0f, b = 0.0f;
+  const int base = q * kHeads / 2 + 2 * h;
+  if (factored) {
+#pragma unroll
+    for (int j = 0; j < kHeads / 8; ++j) {
+      a = fmaf(w[2 * j], ReluNaN(acc[base + 4 * j]), a);
+      b = fmaf(w[2 * j + 1], ReluNaN(acc[base + 4 * j + 1]), b);
+    }
+  } else {  // negative, huge, infinite or NaN scale: exactly as written
+#pragma unroll
+    for (int j = 0; j < kHeads / 8; ++j) {
+      a = fmaf(w[2 * j], ReluNaN(acc[base + 4 * j] * scale), a);
+      b = fmaf(w[2 * j + 1], ReluNaN(acc[base + 4 * j + 1] * scale), b);
+    }
+  }
+  return a + b;
+}
+
+// The group's whole scores this lane holds (its slots, see PageGroups), for token row
+// r0 + 8 * (lane & 1), scale applied. Every lane of the warp calls it (shuffles). A query's
+// weights are fetched just before its products are summed, so that at most one query's are live
+// beside the accumulators.
+template <int kHeads, int kQueries, int kGroup, typename Weights>
+__device__ __forceinline__ void GroupScores(const float (&acc)[PageGroups<kHeads, kQueries>::Queries(kGroup) * kHeads / 2],
+                                            const Weights& weights, float scale0, float scale1, int lane,
+                                            float (&score)[PageGroups<kHeads, kQueries>::Slots(kGroup)]) {
+  using G = PageGroups<kHeads, kQueries>;
+  constexpr int kGroupQueries = G::Queries(kGroup);
+  const bool factored0 = FactorableScale(scale0), factored1 = FactorableScale(scale1);
+  float part[kGroupQueries][2];
+#pragma unroll
+  for (int q = 0; q < kGroupQueries; ++q) {
+    float w[kHeads / 4];
+    weights.Get(kGroup * G::kMmaQueries + q, lane, w);
+    part[q][0] = PartialScore<kHeads, kGroupQueries>(acc, q, 0, w, factored0, scale0);
+    part[q][1] = PartialScore<kHeads, kGroupQueries>(acc, q, 1, w, factored1, scale1);
+  }
+  // Exchange 1 (lanes 1 apart): keep token row r0 + 8 * (lane & 1), send the other.
+  const bool odd = lane & 1, upper = lane & 2;
+  float row_sum[kGroupQueries];
+#pragma unroll
+  for (int q = 0; q < kGroupQueries; ++q) {
+    const float send = odd ? part[q][0] : part[q][1];
+    row_sum[q] = (odd ? part[q][1] : part[q][0]) + __shfl_xor_sync(0xFFFFFFFFu, send, 1);
+  }
+  // Exchange 2 (lanes 2 apart): keep query 2s + bit 1 of each pair; an odd query left over is
+  // summed on both lanes.
+  const float factor = odd ? (factored1 ? scale1 : 1.0f) : (factored0 ? scale0 : 1.0f);
+#pragma unroll
+  for (int s = 0; s < (kGroupQueries + 1) / 2; ++s) {
+    float sum;
+    if (2 * s + 1 < kGroupQueries) {
+      const float send = upper ? row_sum[2 * s] : row_sum[2 * s + 1];
+      sum = (upper ? row_sum[2 * s + 1] : row_sum[2 * s]) + __shfl_xor_sync(0xFFFFFFFFu, send, 2);
+    } else {
+      sum = row_sum[2 * s] + __shfl_xor_sync(0xFFFFFFFFu, row_sum[2 * s], 2);
+    }
+    score[s] = sum * factor;
+  }
+}
+
+// One group's products and scores for a staged page: this lane's keys of the group's slots
+// (kNotCandidate for a page that is not valid: no products, no shuffles; `valid` is uniform over
+// the warpgroup). `release` runs once the tensor cores no longer read the stage.
+template <int kHeads, int kQueries, int kGroup, typename Weights, typename Release>
+__device__ __forceinline__ void ScoreGroup(bool valid, uint32_t desc_k, uint32_t desc_q0, const float* page_scales,
+                                           int r0, int lane, const Weights& weights, Release&& release,
+                                           uint32_t (&keys)[PageGroups<kHeads, kQueries>::Slots(kGroup)]) {
+  using G = PageGroups<kHeads, kQueries>;
+  constexpr int kGroupQueries = G::Queries(kGroup);
+  constexpr int kCols = kGroupQueries * kHeads;
+#pragma unroll
+  for (int s = 0; s < G::Slots(kGroup); ++s) keys[s] = kNotCandidate;
+  if (!valid) {
+    release();
+    return;
+  }
+  float acc[kCols / 2];
+  float scale0, scale1;
+  GroupLogits<kCols>(acc, desc_k, DescAdvance(desc_q0, kGroup * G::kMmaQueries * kQTileBytes<kHeads>), page_scales,
+                     r0, scale0, scale1);
+  release();
+  float score[G::Slots(kGroup)];
+  GroupScores<kHeads, kQueries, kGroup>(acc, weights, scale0, scale1, lane, score);
+#pragma unroll
+  for (int s = 0; s < G::Slots(kGroup); ++s) keys[s] = ScoreToKey(score[s]);
+}
+
+}  // namespace ffi_dsa::sm90
