@@ -12,13 +12,11 @@ package carries it as ffi_dsa/docs/contract.md.
 
 from __future__ import annotations
 
+import sys as _sys
+from importlib import import_module as _import_module
 from pathlib import Path as _Path
 
 from ._build import NativeBuildError
-from .api import call, topk_indexer, validate_pages
-from .cpu_options import cpu_kernel, cpu_kernels, set_cpu_kernel, set_cpu_threads
-from .kv_cache import pack_k_cache, unpack_k_cache
-from .reference import check_topk, reference, reference_scores
 
 # In a source checkout the framework integrations and the benchmarks sit in ../integration and
 # ../benchmarks (a wheel carries them inside the package): let `ffi_dsa.integration` and
@@ -27,13 +25,49 @@ _repo = _Path(__file__).resolve().parent.parent
 if not (_Path(__file__).parent / "integration").is_dir() and (_repo / "integration" / "__init__.py").is_file():
     __path__.append(str(_repo))  # type: ignore[name-defined]  # noqa: F821
 
-# torch.ops.dsa.topk_indexer / topk_indexer_out exist whenever torch is importable.
-try:
-    import torch as _torch  # noqa: F401
-except ImportError:
-    pass
-else:
-    from .integration import torch_op as _torch_op  # noqa: F401
+# The public API, by the module that defines it.
+_API_MODULES = {
+    "api": ("call", "topk_indexer", "validate_pages"),
+    "cpu_options": ("cpu_kernel", "cpu_kernels", "set_cpu_kernel", "set_cpu_threads"),
+    "kv_cache": ("pack_k_cache", "unpack_k_cache"),
+    "reference": ("check_topk", "reference", "reference_scores"),
+}
+_API = {name: module for module, names in _API_MODULES.items() for name in names}
+
+
+def _started_as_command() -> bool:
+    """Whether this process is the `ffi-dsa` command (or `python -m ffi_dsa`), which imports the
+    package before its own code runs: `ffi-dsa --help` and `ffi-dsa info` need neither the native
+    module nor torch (tvm_ffi imports torch too), whose imports are most of the time a command
+    takes to start; ffi_dsa.__main__ loads what its other commands need."""
+    if _Path(_sys.argv[0]).name.startswith("ffi-dsa"):
+        return True
+    argv = getattr(_sys, "orig_argv", [])
+    return any(a == "-m" and argv[i + 1:i + 2] in (["ffi_dsa"], ["ffi_dsa.__main__"]) for i, a in enumerate(argv))
+
+
+def __getattr__(name: str):
+    """The API, loaded on first use where the import left it out (the command line's process)."""
+    if name not in _API:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_import_module(f".{_API[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+if not _started_as_command():
+    from .api import call, topk_indexer, validate_pages
+    from .cpu_options import cpu_kernel, cpu_kernels, set_cpu_kernel, set_cpu_threads
+    from .kv_cache import pack_k_cache, unpack_k_cache
+    from .reference import check_topk, reference, reference_scores
+
+    # torch.ops.dsa.topk_indexer / topk_indexer_out exist whenever torch is importable.
+    try:
+        import torch as _torch  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        from .integration import torch_op as _torch_op  # noqa: F401
 
 __version__ = "0.1.0"
 __all__ = [

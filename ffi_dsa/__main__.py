@@ -7,6 +7,10 @@
   info   which native modules this installation uses (installed or JIT-built) and what they target
 """
 
+# `--help` and `info` import neither tvm_ffi nor torch (tvm_ffi imports torch when it is installed,
+# most of the time a command takes to start): this module and ffi_dsa.demo import them only in the
+# commands that run the op.
+
 from __future__ import annotations
 
 import argparse
@@ -26,18 +30,32 @@ def _import_benchmark(module: str):
 
 
 def _info() -> int:
-    from . import _build, _ffi_api
+    # The files _ffi_api would load, found without loading them (a source checkout still JIT-builds
+    # the CPU module here, as loading it would).
+    from . import _build
 
     report = {"package": str(_build.LIB_DIR.parent), "installed": _build.manifest() or None,
-              "cpu_module": _ffi_api.module_path("cpu"), "gpus": [f"{a}.{b}" for a, b in
-                                                                _build.visible_compute_capabilities()]}
+              "cpu_module": _build.cpu_library(), "gpus": [f"{a}.{b}" for a, b in
+                                                          _build.visible_compute_capabilities()]}
     if report["gpus"]:
         try:
-            report["cuda_module"] = _ffi_api.module_path("cuda")
+            report["cuda_module"] = _build.cuda_library()
         except _build.NativeBuildError as err:
             report["cuda_module"] = f"unavailable: {err}"
     print(json.dumps(report, indent=2))
     return 0
+
+
+def _load_package() -> None:
+    """What `import ffi_dsa` loads outside this command, for the commands that run the op: the API,
+    and torch.ops.dsa.* where torch is importable (the benchmarks call them)."""
+    from . import api  # noqa: F401
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return
+    from .integration import torch_op  # noqa: F401
 
 
 def _cuda_present() -> bool:
@@ -68,12 +86,13 @@ def main(argv=None) -> int:
     sub.add_parser("info", help="which native modules are used, and what they target")
 
     args, rest = parser.parse_known_args(argv)
-    if args.command == "demo":
-        if rest:
-            parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        return demo.run(args.device, args.seed, args.rows, args.max_len, args.warmup, args.runs, args.sorted)
     if args.command == "info":
         return _info()
+    if args.command == "demo" and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    _load_package()
+    if args.command == "demo":
+        return demo.run(args.device, args.seed, args.rows, args.max_len, args.warmup, args.runs, args.sorted)
 
     device = args.device
     if device == "auto":

@@ -7,8 +7,10 @@ import numpy as np
 # DLPack device types (dlpack.h)
 DL_CPU, DL_CUDA = 1, 2
 
-# The op's tensor arguments in order, as the C++ checks and docs/contract.md name them.
-ARG_NAMES = ("q_index_fp8", "k_index_cache_fp8", "weights", "seq_lens", "block_table", "topk_indices")
+# How messages name the op's tensor arguments, in order: ffi_dsa.call's parameter names (what the
+# caller typed), docs/contract.md's names for q and k_cache in parentheses; the same strings as
+# kArgNames of the C++ checks (cuda/include/ffi_dsa/validate.h).
+ARG_NAMES = ("q (q_index_fp8)", "k_cache (k_index_cache_fp8)", "weights", "seq_lens", "block_table", "topk_indices")
 
 
 def output_shape(q_shape, topk) -> tuple:
@@ -84,7 +86,7 @@ def named_argument_error(err: Exception, args) -> Exception:
 def as_dlpack_ready(x, name: str, fp8_ok: bool = False, output: bool = False):
     """`x` in a form DLPack can export (anything else passes through: the native call rejects it
     and named_argument_error names it). numpy float8 arrays cannot be exported: the one fp8
-    argument (q_index_fp8, float8_e4m3fn) travels as a uint8 view of the same bytes; any other
+    argument (q, float8_e4m3fn) travels as a uint8 view of the same bytes; any other
     float8 (another fp8 format, or fp8 where the op wants something else) is a dtype error. A JAX
     output is refused here: DLPack would let the kernel write into an immutable array."""
     if output and framework(x) == "jax":

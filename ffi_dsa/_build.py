@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -24,7 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-import tvm_ffi
+# tvm_ffi is imported only where a build needs it: importing it imports torch when torch is
+# installed, and `ffi-dsa --help` / `ffi-dsa info` need neither.
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 LIB_DIR = _PACKAGE_DIR / "lib"
@@ -122,12 +124,23 @@ def _tool_version(argv: list[str]) -> str:
         return "absent"
 
 
+def _tvm_ffi_version() -> str:
+    """tvm-ffi's version, from its installed metadata where there is one: found on every call of
+    build(), also when the module is cached, where importing tvm_ffi would be the slow part."""
+    try:
+        return importlib.metadata.version("apache-tvm-ffi")
+    except importlib.metadata.PackageNotFoundError:
+        import tvm_ffi
+
+        return tvm_ffi.__version__
+
+
 def _source_hash(files: list[Path], flags: list[str], tools: list[str]) -> str:
     digest = hashlib.sha256()
     for path in sorted(files):
         digest.update(str(path.relative_to(native_dir())).encode())
         digest.update(path.read_bytes())
-    for item in [*flags, *tools, tvm_ffi.__version__, sys.platform]:
+    for item in [*flags, *tools, _tvm_ffi_version(), sys.platform]:
         digest.update(item.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:16]
@@ -197,6 +210,8 @@ def _build_lock(build_dir: Path):
 
 def _build_locked(name, sources, root, build_dir, cflags, cuda_cflags, ldflags, cuda_arch_list, reason) -> str:
     """The build itself (build() holds the lock); `cuda_arch_list` is None for a module without CUDA."""
+    import tvm_ffi.cpp
+
     _ninja_on_path()
     print(f"ffi_dsa: building {name} ({reason}; cached in {build_dir}) ...",
           file=sys.stderr, flush=True)
@@ -251,7 +266,7 @@ def jit_cuda_library(arch_list: str, reason: str = "JIT build") -> str:
     return build(
         "ffi_dsa_cuda",
         sorted(str(p.relative_to(native_dir())) for p in (native_dir() / "csrc").glob("*.cu")),
-        headers=["include/ffi_dsa/*.h", "include/ffi_dsa/impls/*.cuh"],
+        headers=["include/ffi_dsa/*.h", "include/ffi_dsa/impls/*.cuh", "include/ffi_dsa/launch/*"],
         cflags=["-O3"],
         cuda_cflags=["-O3", "-std=c++17", "-lineinfo"],
         # libcudart is found where torch or JAX already loaded it, else in the toolkit.
@@ -288,6 +303,6 @@ def cuda_library() -> str:
             f"(CUDA_HOME={os.environ.get('CUDA_HOME')!r}, no nvcc on PATH, no /usr/local/cuda/bin/nvcc). "
             "Install the CUDA toolkit (12.8 or newer) and set CUDA_HOME to it, then either reinstall ffi-dsa "
             "(`pip install .` builds the sm_90a module into the wheel) or call again (the first CUDA call "
-            "builds it, ~20 s, cached in $FFI_DSA_CACHE_DIR)."
+            "builds it once, in a minute or so, cached in $FFI_DSA_CACHE_DIR)."
         )
     return jit_cuda_library(SOURCE_ARCH_LIST, reason=f"{why}; for {SOURCE_ARCH_LIST} with {find_nvcc()}")

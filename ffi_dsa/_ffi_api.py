@@ -12,7 +12,7 @@ import threading
 
 import tvm_ffi
 
-from . import _build
+from . import _build, _native
 
 _lock = threading.Lock()
 
@@ -38,11 +38,23 @@ def cuda_module() -> tvm_ffi.Module:
 
 
 @functools.cache
+def cpu() -> _native.CpuFunctions:
+    """The CPU module's exports, typed (_native.py)."""
+    return _native.bind(cpu_module(), _native.CpuFunctions)
+
+
+@functools.cache
+def cuda() -> _native.CudaFunctions:
+    """The CUDA module's exports, typed (_native.py); loads (or builds) the module on first use."""
+    return _native.bind(cuda_module(), _native.CudaFunctions)
+
+
+@functools.cache
 def topk_indexer_for(device_type: str):
     """The exported DPS function serving tensors of `device_type` ('cpu' or 'cuda'), looked up once
     (a module lookup per call would cost every caller on the eager path)."""
     if device_type == "cpu":
-        return cpu_module()["topk_indexer"]
+        return cpu().topk_indexer
     if device_type == "cuda":
-        return cuda_module()["topk_indexer"]
+        return cuda().topk_indexer
     raise ValueError(f"ffi_dsa supports CPU and CUDA tensors, got a tensor on {device_type!r}")

@@ -7,7 +7,10 @@ import operator
 import numpy as np
 
 from . import _arrays, _ffi_api
-from .contract import DEFAULT_TOPK, PAGE_TOKENS
+from .contract import DEFAULT_TOPK, MAX_TOPK, PAGE_TOKENS
+
+# module globals, not a tuple lookup per call: call() is on the eager hot path
+_Q, _K_CACHE, _WEIGHTS, _SEQ_LENS, _BLOCK_TABLE, _TOPK_INDICES = _arrays.ARG_NAMES
 
 
 def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool = False,
@@ -30,12 +33,12 @@ def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool 
     # tensor at all is worked out only then (named_argument_error), off the per-call path.
     try:
         ready = (
-            _arrays.as_dlpack_ready(q, "q_index_fp8", fp8_ok=True),
-            _arrays.as_dlpack_ready(k_cache, "k_index_cache_fp8"),
-            _arrays.as_dlpack_ready(weights, "weights"),
-            _arrays.as_dlpack_ready(seq_lens, "seq_lens"),
-            _arrays.as_dlpack_ready(block_table, "block_table"),
-            _arrays.as_dlpack_ready(topk_indices, "topk_indices", output=True),
+            _arrays.as_dlpack_ready(q, _Q, fp8_ok=True),
+            _arrays.as_dlpack_ready(k_cache, _K_CACHE),
+            _arrays.as_dlpack_ready(weights, _WEIGHTS),
+            _arrays.as_dlpack_ready(seq_lens, _SEQ_LENS),
+            _arrays.as_dlpack_ready(block_table, _BLOCK_TABLE),
+            _arrays.as_dlpack_ready(topk_indices, _TOPK_INDICES, output=True),
         )
         if validate:
             validate_pages(k_cache, seq_lens, block_table)
@@ -48,15 +51,18 @@ def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool 
         raise _arrays.named_argument_error(err, args) from None
 
 
-def checked_topk(topk) -> int:
-    """K as an int, or ValueError: the one check of K that C++ cannot make (a negative K is no
-    output shape), shared by every entry point that allocates the output."""
+def checked_topk(topk, at_most: int = MAX_TOPK) -> int:
+    """K as an int, or ValueError, shared by every entry point that allocates the output: a
+    negative K is no output shape (C++ cannot see it), and a K above `at_most` is refused here,
+    naming topk (the C++ check would name the output, which the caller never made)."""
     try:
         topk = operator.index(topk)
     except TypeError:
         raise TypeError(f"topk must be an int, got {topk!r}") from None
     if topk < 0:
         raise ValueError(f"topk must be >= 0, got {topk}")
+    if at_most is not None and topk > at_most:
+        raise ValueError(f"topk must be <= {at_most} (the kernel supports K <= {at_most}), got {topk}")
     return topk
 
 
@@ -71,8 +77,8 @@ def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT
             validate_pages(k_cache, seq_lens, block_table)
 
         return jax_ffi.topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=topk, sorted=sorted)
-    _arrays.check_tensor(q, _arrays.ARG_NAMES[0])
-    topk = checked_topk(topk)
+    _arrays.check_tensor(q, _Q)
+    topk = checked_topk(topk, at_most=MAX_TOPK)
     out = _arrays.empty_like_framework(q, _arrays.output_shape(q.shape, topk), "int32")
     call(q, k_cache, weights, seq_lens, block_table, out, sorted=sorted, validate=validate)
     return out

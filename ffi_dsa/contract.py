@@ -4,9 +4,9 @@ they mean."""
 
 from __future__ import annotations
 
-from ._ffi_api import cpu_module
+from ._ffi_api import cpu
 
-_CONSTANTS = {str(k): int(v) for k, v in cpu_module()["contract_constants"]().items()}
+_CONSTANTS = {str(k): int(v) for k, v in cpu().contract_constants().items()}
 
 NUM_HEADS: int = _CONSTANTS["num_heads"]            # H: index heads per query token (the reference op's)
 NUM_HEADS_NARROW: int = _CONSTANTS["num_heads_narrow"]  # the other H the op accepts

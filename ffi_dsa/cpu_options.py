@@ -21,20 +21,20 @@ def set_cpu_kernel(name: str = "auto") -> str:
     """Use scoring variant `name` ("auto" or one of :func:`cpu_kernels`) from now on. Returns the
     previous setting ("auto" or a name), to restore it with. ValueError (and no change) for an
     unknown name or one this CPU cannot run."""
-    return str(_ffi_api.cpu_module()["set_cpu_kernel"](str(name)))
+    return str(_ffi_api.cpu().set_cpu_kernel(str(name)))
 
 
 def cpu_kernel() -> str:
     """The variant the next CPU call uses."""
-    return str(_ffi_api.cpu_module()["cpu_kernel"]())
+    return str(_ffi_api.cpu().cpu_kernel())
 
 
 def cpu_kernels() -> list[str]:
     """The variants this CPU can run, slowest to fastest ("auto" picks the last)."""
-    return [str(name) for name in _ffi_api.cpu_module()["cpu_kernels"]()]
+    return [str(name) for name in _ffi_api.cpu().cpu_kernels()]
 
 
 def set_cpu_threads(threads: int = 0) -> None:
     """Threads of later CPU calls; 0 (the default) returns to ``FFI_DSA_NUM_THREADS`` if set, else
     every core. Small calls stay on the caller's thread either way."""
-    _ffi_api.cpu_module()["set_cpu_threads"](int(threads))
+    _ffi_api.cpu().set_cpu_threads(int(threads))

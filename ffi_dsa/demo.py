@@ -12,17 +12,21 @@ import argparse
 import statistics
 import sys
 import time
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from . import call, check_topk
-from .contract import DEFAULT_TOPK as TOPK
-from .workloads import make_batch
+# numpy and the package's API are imported where the demo runs: `ffi-dsa --help` reads only
+# add_arguments, and the API's import loads the native module (through tvm_ffi, which imports torch).
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def demo_lengths(seed: int, rows: int = 16, max_len: int = 32768) -> np.ndarray:
     """Mixed decode lengths: log-uniform between 100 and `max_len`, one row of exactly
     `max_len`, one shorter than K (so the -1 padding shows), the rest shuffled."""
+    import numpy as np
+
+    from .contract import DEFAULT_TOPK as TOPK
+
     rng = np.random.default_rng(seed)
     lens = np.exp(rng.uniform(np.log(100), np.log(max_len), size=rows)).astype(np.int64)
     lens[0] = max_len
@@ -94,6 +98,12 @@ def cpu_name() -> str:
 
 def run(device: str = "auto", seed: int = 2026, rows: int = 16, max_len: int = 32768,
         warmup: int = 2, runs: int = 5, sorted: bool = False) -> int:
+    import numpy as np
+
+    from . import call, check_topk
+    from .contract import DEFAULT_TOPK as TOPK
+    from .workloads import make_batch
+
     device, why = pick_device(device)
     lens = demo_lengths(seed, rows, max_len)
     print(f"ffi_dsa demo: building a decode batch of {rows} rows ({int(lens.sum())} tokens, "

@@ -46,7 +46,7 @@ import torch
 from .. import _ffi_api
 from .._arrays import ARG_NAMES, named_argument_error, output_shape
 from ..api import checked_topk
-from ..contract import DEFAULT_TOPK
+from ..contract import DEFAULT_TOPK, MAX_TOPK
 
 NAMESPACE = "dsa"
 
@@ -63,7 +63,7 @@ _SCHEMA_OUT = (
 
 # The two kernels are on the eager hot path: kept flat (every Python call here costs ~0.1 us).
 def _topk_indexer_kernel(q, k_cache, weights, seq_lens, block_table, topk=DEFAULT_TOPK, sorted=False):
-    if topk < 0:
+    if topk < 0 or topk > MAX_TOPK:
         checked_topk(topk)
     # The dispatcher lets None through for a Tensor argument: named here, off the hot path.
     try:
@@ -93,7 +93,7 @@ def _same_device(tensors) -> None:
         if t is None:
             raise TypeError(f"{name} must be a tensor, got None")
         if t.device != tensors[0].device:
-            raise ValueError(f"{name} is on {t.device} but q_index_fp8 is on {tensors[0].device}; every "
+            raise ValueError(f"{name} is on {t.device} but q is on {tensors[0].device}; every "
                              "argument must be on one device")
 
 
@@ -109,31 +109,34 @@ def _topk_indexer_out_fake(q, k_cache, weights, seq_lens, block_table, topk_indi
     return None
 
 
-def _already_registered() -> bool:
+def registered(name: str) -> bool:
+    """Whether torch.ops.dsa.`name` exists (this file, or a copy of it, already ran)."""
     try:
-        getattr(getattr(torch.ops, NAMESPACE), "topk_indexer").default  # noqa: B009
+        getattr(getattr(torch.ops, NAMESPACE), name).default
         return True
     except (AttributeError, RuntimeError):
         return False
 
 
-def _register():
+def register_pair(name: str, schemas: tuple[str, str], kernels: tuple, fakes: tuple):
+    """Defines torch.ops.dsa.`name` and `name`_out (pt2-compliant), with `kernels` for CPU and CUDA
+    and `fakes` for tracing; returns the Library, which must stay alive for the ops to exist."""
     # FRAGMENT, not DEF: another fragment of the "dsa" namespace (or a second copy of this file
     # loaded under another module name) must not make the import fail.
     lib = torch.library.Library(NAMESPACE, "FRAGMENT")
     tags = (torch.Tag.pt2_compliant_tag,)
-    lib.define(_SCHEMA, tags=tags)
-    lib.define(_SCHEMA_OUT, tags=tags)
-    for key in ("CPU", "CUDA"):
-        lib.impl("topk_indexer", _topk_indexer_kernel, key)
-        lib.impl("topk_indexer_out", _topk_indexer_out_kernel, key)
-    torch.library.register_fake(f"{NAMESPACE}::topk_indexer", _topk_indexer_fake, lib=lib)
-    torch.library.register_fake(f"{NAMESPACE}::topk_indexer_out", _topk_indexer_out_fake, lib=lib)
+    for op, schema, kernel, fake in zip((name, f"{name}_out"), schemas, kernels, fakes):
+        lib.define(schema, tags=tags)
+        for key in ("CPU", "CUDA"):
+            lib.impl(op, kernel, key)
+        torch.library.register_fake(f"{NAMESPACE}::{op}", fake, lib=lib)
     return lib
 
 
 # Keep the Library object alive: dropping it would unregister the ops.
-_LIB = None if _already_registered() else _register()
+_LIB = None if registered("topk_indexer") else register_pair(
+    "topk_indexer", (_SCHEMA, _SCHEMA_OUT), (_topk_indexer_kernel, _topk_indexer_out_kernel),
+    (_topk_indexer_fake, _topk_indexer_out_fake))
 
 topk_indexer_op = torch.ops.dsa.topk_indexer.default
 topk_indexer_out_op = torch.ops.dsa.topk_indexer_out.default

@@ -6,7 +6,8 @@ Nothing is launched and nothing is written."
 
 Every case below poisons the output, checks the exception type, checks that the message names the
 argument, and checks that the output (and, where the output itself is the bad argument, that buffer
-too) still holds the sentinel.
+too) still holds the sentinel. A message names the argument as the caller typed it, ffi_dsa.call's
+parameter name, first (docs/contract.md's name for q and k_cache follows in parentheses).
 """
 
 from __future__ import annotations
@@ -23,8 +24,20 @@ from conftest import SENTINEL, assert_all_written, poisoned, poisoned_np
 
 B, K = 2, 64
 NAMES = ("q", "k", "w", "lens", "table", "out")
-ARG_NAME = {"q": "q_index_fp8", "k": "k_index_cache_fp8", "w": "weights", "lens": "seq_lens",
-            "table": "block_table", "out": "topk_indices"}
+ARG_NAME = {"q": "q", "k": "k_cache", "w": "weights", "lens": "seq_lens", "table": "block_table",
+            "out": "topk_indices"}
+CONTRACT_NAME = {"q": "q_index_fp8", "k": "k_index_cache_fp8"}
+
+
+def assert_names(message: str, which: str) -> None:
+    """The message starts with the argument's name as ffi_dsa.call spells it."""
+    name = ARG_NAME[which]
+    assert message.startswith(f"{name} "), f"the message must start with {name}: {message}"
+
+
+def names_first(which: str) -> str:
+    """A pytest.raises(match=...) pattern: the message starts with the argument's name."""
+    return rf"^{ARG_NAME[which]} "
 
 
 def _good_args(device):
@@ -141,7 +154,7 @@ def test_bad_argument_raises_names_it_and_writes_nothing(device, case):
 
     with pytest.raises(exc_type) as exc:
         ffi_dsa.call(*(args[n] for n in NAMES))
-    assert ARG_NAME[which] in str(exc.value), f"the message must name {ARG_NAME[which]}: {exc.value}"
+    assert_names(str(exc.value), which)
     for buffer in (original_out, args["out"]):
         assert (buffer.cpu() == _poison_value(buffer.dtype)).all(), "nothing may be written when rejected"
 
@@ -172,13 +185,41 @@ def test_messages_say_what_was_expected():
 
 
 def test_topk_indexer_rejects_k_above_2048_and_negative_k(device):
-    """The allocating wrapper: topk > 2048 is ValueError naming topk_indices; a negative topk is ValueError."""
+    """The allocating wrapper names topk, which its caller typed (not topk_indices, an output the caller
+    never made): topk > 2048 and a negative topk are ValueErrors."""
     args = _good_args(device)
     five = [args[n] for n in NAMES[:5]]
-    with pytest.raises(ValueError, match="topk_indices"):
-        ffi_dsa.topk_indexer(*five, topk=2049)
-    with pytest.raises(ValueError, match="topk"):
+    for topk in (2049, 4096):
+        with pytest.raises(ValueError, match=rf"^topk must be <= 2048 .*, got {topk}$"):
+            ffi_dsa.topk_indexer(*five, topk=topk)
+    with pytest.raises(ValueError, match="^topk must be >= 0"):
         ffi_dsa.topk_indexer(*five, topk=-1)
+
+
+def test_k_above_2048_names_the_output_and_topk():
+    """The C++ check behind every entry point: a DPS caller's output too wide is named first; the
+    allocating entry points that reach it (torch.ops.dsa.topk_indexer, JAX, TVM) see their topk in it."""
+    args = _good_args("cpu")
+    args["out"] = torch.empty((B, 4096), dtype=torch.int32)
+    with pytest.raises(ValueError) as exc:
+        ffi_dsa.call(*(args[n] for n in NAMES))
+    assert_names(str(exc.value), "out")
+    assert "K=4096" in str(exc.value) and "topk=4096" in str(exc.value) and "K <= 2048" in str(exc.value)
+
+
+@pytest.mark.parametrize("which, bad", [
+    ("q", lambda a: a["q"].view(torch.uint8).float()),
+    ("q", lambda a: a["q"][:, :63].contiguous()),
+    ("k", lambda a: a["k"].float()),
+    ("k", lambda a: a["k"][..., :128].contiguous()),
+])
+def test_q_and_k_cache_messages_give_the_contracts_name_too(which, bad):
+    """q and k_cache are q_index_fp8 and k_index_cache_fp8 in docs/contract.md: the message says both."""
+    args = _good_args("cpu")
+    args[which] = bad(args)
+    with pytest.raises((TypeError, ValueError)) as exc:
+        ffi_dsa.call(*(args[n] for n in NAMES))
+    assert str(exc.value).startswith(f"{ARG_NAME[which]} ({CONTRACT_NAME[which]}) "), str(exc.value)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -213,19 +254,19 @@ def test_numpy_bad_argument_raises_names_it_and_writes_nothing(case):
     args[which] = mutate(args)
     with pytest.raises(exc_type) as exc:
         ffi_dsa.call(*(args[n] for n in NAMES))
-    assert ARG_NAME[which] in str(exc.value), str(exc.value)
+    assert_names(str(exc.value), which)
     assert (original_out == SENTINEL).all() and (args["out"] == SENTINEL).all()
 
 
 @pytest.mark.parametrize("fp8_type", ["float8_e5m2", "float8_e4m3fnuz", "float8_e4m3b11fnuz"])
 def test_numpy_q_in_another_fp8_format_is_a_dtype_error(fp8_type):
     """q must be float8_e4m3fn (or raw bytes): a numpy array of another fp8 format is a wrong dtype
-    (TypeError naming q_index_fp8), not silently reinterpreted as e4m3fn bytes."""
+    (TypeError naming q), not silently reinterpreted as e4m3fn bytes."""
     args = _np_args()
     args["q"] = args["q"].view(getattr(ml_dtypes, fp8_type))
     with pytest.raises(TypeError) as exc:
         ffi_dsa.call(*(args[n] for n in NAMES))
-    assert "q_index_fp8" in str(exc.value)
+    assert_names(str(exc.value), "q")
     assert (args["out"] == SENTINEL).all()
 
 
@@ -238,7 +279,7 @@ def test_numpy_fp8_array_for_a_non_fp8_argument_is_a_dtype_error(which):
     args[which] = args[which].view(np.uint8).view(ml_dtypes.float8_e4m3fn)
     with pytest.raises(TypeError) as exc:
         ffi_dsa.call(*(args[n] for n in NAMES))
-    assert ARG_NAME[which] in str(exc.value), str(exc.value)
+    assert_names(str(exc.value), which)
     assert (original_out == SENTINEL).all()
 
 
@@ -262,14 +303,14 @@ def test_argument_that_is_not_a_tensor_is_a_type_error_naming_it(which, kind):
     args[which] = NOT_TENSORS[kind](args[which])
     with pytest.raises(TypeError) as exc:
         ffi_dsa.call(*(args[n] for n in NAMES))
-    assert ARG_NAME[which] in str(exc.value), str(exc.value)
+    assert_names(str(exc.value), which)
     assert (original_out == SENTINEL).all()
 
 
 @pytest.mark.parametrize("kind", ["list", "None"])
 def test_topk_indexer_q_that_is_not_a_tensor_is_a_type_error_naming_it(kind):
     args = _np_args()
-    with pytest.raises(TypeError, match="q_index_fp8"):
+    with pytest.raises(TypeError, match=names_first("q")):
         ffi_dsa.topk_indexer(NOT_TENSORS[kind](args["q"]), *(args[n] for n in NAMES[1:5]), topk=K)
 
 
@@ -288,7 +329,8 @@ def test_meta_tensor_is_a_value_error_naming_it(which):
     args[which] = args[which].to("meta")
     with pytest.raises(ValueError) as exc:
         ffi_dsa.call(*(args[n] for n in NAMES))
-    assert ARG_NAME[which] in str(exc.value) and "meta" in str(exc.value), str(exc.value)
+    assert_names(str(exc.value), which)
+    assert "meta" in str(exc.value), str(exc.value)
     assert (original_out == SENTINEL).all()
 
 
@@ -297,7 +339,7 @@ def test_jax_array_as_the_dps_output_is_a_type_error():
     jnp = pytest.importorskip("jax.numpy")
     args = _np_args()
     args["out"] = jnp.full((B, K), SENTINEL, dtype=jnp.int32)
-    with pytest.raises(TypeError, match="topk_indices"):
+    with pytest.raises(TypeError, match=names_first("out")):
         ffi_dsa.call(*(args[n] for n in NAMES))
     assert (np.asarray(args["out"]) == SENTINEL).all()
 
@@ -310,7 +352,7 @@ def test_torch_op_with_none_is_a_type_error_naming_it(op, which):
     original_out = args["out"]
     args[which] = None
     fn = getattr(torch.ops.dsa, op)
-    with pytest.raises(TypeError, match=ARG_NAME[which]):
+    with pytest.raises(TypeError, match=names_first(which)):
         if op == "topk_indexer":
             fn(*(args[n] for n in NAMES[:5]), topk=K)
         else:
@@ -323,7 +365,7 @@ def test_torch_op_with_one_meta_argument_is_a_value_error_naming_it(which):
     """One meta tensor among CPU tensors sends torch.ops to the fake kernel, which checks placement."""
     args = _good_args("cpu")
     args[which] = args[which].to("meta")
-    with pytest.raises(ValueError, match=ARG_NAME[which]):
+    with pytest.raises(ValueError, match=names_first(which)):
         torch.ops.dsa.topk_indexer(*(args[n] for n in NAMES[:5]), topk=K)
 
 
@@ -340,7 +382,7 @@ def test_mixed_devices_raise_naming_the_argument(which):
     args[which] = args[which].cpu()
     with pytest.raises(ValueError) as exc:
         ffi_dsa.call(*(args[n] for n in NAMES))
-    assert ARG_NAME[which] in str(exc.value), str(exc.value)
+    assert_names(str(exc.value), which)
     torch.cuda.synchronize()
     assert (original_out.cpu() == SENTINEL).all() and (args["out"].cpu() == SENTINEL).all()
 
@@ -352,6 +394,6 @@ def test_q_on_cpu_with_the_rest_on_cuda_raises():
     args["q"] = args["q"].cpu()
     with pytest.raises(ValueError) as exc:
         ffi_dsa.call(*(args[n] for n in NAMES))
-    assert "k_index_cache_fp8" in str(exc.value)
+    assert_names(str(exc.value), "k")
     torch.cuda.synchronize()
     assert (args["out"].cpu() == SENTINEL).all()

@@ -188,3 +188,15 @@ def test_set_cpu_threads_gives_the_same_bytes(monkeypatch):
     for other in results[1:]:
         np.testing.assert_array_equal(other, results[0])
     assert_valid_topk(results[0], batch, sorted=True)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "four", "3x", " 3", "2.5"])
+def test_bad_thread_count_from_the_environment_is_refused(monkeypatch, value):
+    """FFI_DSA_NUM_THREADS that is not a whole number >= 1 is a ValueError naming it, not a silent
+    single thread; nothing is written."""
+    batch = make_batch([9000, 300], seed=48)
+    monkeypatch.setenv("FFI_DSA_NUM_THREADS", value)
+    out = np.full((2, 2048), -7, dtype=np.int32)
+    with pytest.raises(ValueError, match="FFI_DSA_NUM_THREADS must be a whole number >= 1"):
+        ffi_dsa.call(*batch.args(), out)
+    assert (out == -7).all()

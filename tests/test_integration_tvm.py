@@ -120,9 +120,8 @@ def test_relax_errors_come_from_the_kernel_checks(index, edit, error, match):
 def test_relax_topk_errors():
     with pytest.raises(ValueError, match="topk must be >= 0"):
         tvm_relax.indexer_module(topk=-1)
-    vm = tvm_relax.build(tvm_relax.indexer_module(topk=4096))
-    with pytest.raises(ValueError, match="K <= 2048"):
-        vm["main"](*_tvm_args(make_batch(LENS, seed=6), tvm.cpu()))
+    with pytest.raises(ValueError, match="topk must be <= 2048"):
+        tvm_relax.indexer_module(topk=4096)
 
 
 # ---- several query tokens per row (MTP) and 32 heads: docs/contract.md §7 ---------------------

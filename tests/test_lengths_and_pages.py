@@ -327,7 +327,7 @@ def test_contiguous_input_at_an_odd_byte_offset(device, which):
     read the wrong bytes or fault."""
     batch = make_exact_batch([300, 200], seed=59)
     args = list(batch.to_torch(device))
-    index, name = {"k_cache": (1, "k_index_cache_fp8"), "q": (0, "q_index_fp8")}[which]
+    index, name = {"k_cache": (1, "k_cache (k_index_cache_fp8)"), "q": (0, "q (q_index_fp8)")}[which]
     src = args[index].view(torch.uint8) if which == "q" else args[index]
     storage = torch.zeros(src.numel() + 1, dtype=src.dtype, device=device)
     view = storage[1:].view(src.shape)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +34,22 @@ def test_ci_tests_the_installed_package_with_its_prebuilt_modules():
     assert _build.prebuilt("cpu") is not None, f"the installed package has no CPU module in {_build.LIB_DIR}"
     assert Path(_ffi_api.module_path("cpu")) == _build.prebuilt("cpu")
     assert (_build.native_dir() / "csrc" / "cpu_binding.cc").is_file(), "the JIT fallback's sources are missing"
+
+
+@pytest.mark.skipif(not IN_CI, reason="CI=true only: the native build cache of a CI run")
+def test_ci_installed_the_modules_its_wheel_build_kept():
+    """CI compiles the native modules once, building its wheel; the README's `pip install` then
+    installs the files CMakeLists.txt kept in $FFI_DSA_CACHE_DIR instead of compiling them again.
+    Either way the modules this suite loads are, byte for byte, modules that build kept."""
+    for kind in ("cpu", "cuda"):
+        installed = _build.prebuilt(kind)
+        if kind == "cuda" and installed is None:
+            continue  # a CI machine without nvcc builds no CUDA module
+        assert installed is not None, f"the installed package has no {kind} module"
+        kept = sorted(_build.cache_root().glob(f"wheel_{installed.stem}_*/{installed.name}"))
+        assert kept, f"no {installed.name} kept in {_build.cache_root()}"
+        assert any(k.read_bytes() == installed.read_bytes() for k in kept), (
+            f"{installed} is none of the kept modules {kept}")
 
 
 def test_layout_constants_are_those_of_contract_h():
@@ -126,6 +144,19 @@ def test_cli_bench_runs_from_the_package(capsys):
     assert cli.main(["bench", "--device", "cpu", "--batch", "2", "--tokens", "300", "--runs", "1",
                      "--warmup", "0", "--no-naive"]) == 0
     assert "ffi_dsa" in capsys.readouterr().out
+
+
+def test_cli_help_and_info_import_neither_torch_nor_tvm_ffi(tmp_path):
+    """`ffi-dsa --help` and `ffi-dsa info` answer at once: they import neither torch nor tvm_ffi
+    (tvm_ffi imports torch when it is installed, which takes seconds)."""
+    # the ffi_dsa this suite imports (the installed one in CI, else the checkout), from outside the checkout
+    env = dict(os.environ, PYTHONPATH=str(Path(ffi_dsa.__file__).resolve().parent.parent))
+    cli = [sys.executable, "-X", "importtime", "-m", "ffi_dsa"]
+    subprocess.run([*cli, "info"], cwd=tmp_path, env=env, capture_output=True, check=True)  # a checkout JIT-builds once
+    for command in ("--help", "info"):
+        done = subprocess.run([*cli, command], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+        imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+        assert not {"torch", "tvm_ffi", "ffi_dsa.api"} & imported, f"ffi-dsa {command} imported {imported}"
 
 
 def test_cli_info_reports_the_cpu_module(capsys):

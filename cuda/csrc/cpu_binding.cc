@@ -1,4 +1,7 @@
 // CPU module: checks the arguments once (validate.h) and forwards to the CPU path.
+// Every export carries its type schema (tvm-ffi's function metadata): ffi_dsa/_native.py's typed
+// stubs are checked against it by tests/test_native_stubs.py, so the two cannot drift apart.
+#define TVM_FFI_DLL_EXPORT_INCLUDE_METADATA 1
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/map.h>
 #include <tvm/ffi/function.h>
@@ -8,6 +11,7 @@
 
 #include "ffi_dsa/cpu/indexer_cpu.h"
 #include "ffi_dsa/validate.h"
+#include "ffi_dsa/workspace_bytes.h"
 
 namespace {
 
@@ -37,10 +41,10 @@ void CheckShapes(Array<int64_t> q, DLDataType q_dtype, Array<int64_t> k_cache, D
                  Array<int64_t> weights, DLDataType w_dtype, Array<int64_t> seq_lens, DLDataType s_dtype,
                  Array<int64_t> block_table, DLDataType bt_dtype, Array<int64_t> topk_indices,
                  DLDataType out_dtype) {
-  ffi_dsa::CheckIndexerMeta(Meta("q_index_fp8", q, q_dtype), Meta("k_index_cache_fp8", k_cache, k_dtype),
-                            Meta("weights", weights, w_dtype), Meta("seq_lens", seq_lens, s_dtype),
-                            Meta("block_table", block_table, bt_dtype),
-                            Meta("topk_indices", topk_indices, out_dtype));
+  const auto& names = ffi_dsa::kArgNames;
+  ffi_dsa::CheckIndexerMeta(Meta(names[0], q, q_dtype), Meta(names[1], k_cache, k_dtype),
+                            Meta(names[2], weights, w_dtype), Meta(names[3], seq_lens, s_dtype),
+                            Meta(names[4], block_table, bt_dtype), Meta(names[5], topk_indices, out_dtype));
 }
 
 // contract.h's layout constants, so that Python (ffi_dsa/contract.py) reads them instead of
@@ -96,7 +100,10 @@ void SetCpuThreads(int64_t threads) {
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_indexer, TopkIndexerCpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(check_shapes, CheckShapes);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(contract_constants, ContractConstants);
+// The scratch bytes a CUDA call of these shapes may take (workspace_bytes.h), for JAX's trace time.
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(workspace_bytes, ffi_dsa::WorkspaceBytes);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(set_cpu_kernel, SetCpuKernel);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cpu_kernel, CpuKernelInEffect);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cpu_kernels, CpuKernels);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(set_cpu_threads, SetCpuThreads);
+

@@ -10,20 +10,22 @@
 namespace ffi_dsa::sm90 {
 
 struct Schedule {
-  bool fused;            // one kernel, one CTA per row (impls/sm90_fused_rows.cuh); else the two below
-  int32_t score_ctas;    // kernel 1: one persistent CTA per SM (fewer if there are fewer pages)
-  int32_t cluster_size;  // kernel 2: CTAs per query row
+  bool fused;            // the fused path: FusedRowsKernel, one CTA per row; else the split path below
+  int32_t score_ctas;    // ScorePagesKernel: one persistent CTA per SM (fewer if there are fewer pages)
+  int32_t cluster_size;  // SelectRowsKernel: CTAs per query row
 };
 
-// The fused kernel streams each row with the row's own CTA, and one CTA pulls at most ~33 GB/s
-// (one 8.4 KB page per ~450 cycles, v5 trace): it is chosen only when the batch keeps most SMs
-// streaming (~92 CTAs reach HBM speed on the H100) and every row fits its CTA's shared memory.
-// From shapes only: the table width, not seq_lens. (With N queries per row the CTA scores each
-// page for all of them and selects them one after the other: the batch of rows, not of query
-// rows, keeps the SMs streaming.)
+// FusedRowsKernel streams each row with the row's own CTA, and one CTA's TMA unit moves pages far
+// slower than HBM delivers them: HBM speed takes most of the SMs streaming at once. So the fused
+// path is chosen only when the batch has a row for at least kFusedMinSmShare of the SMs and every
+// row fits its CTA's shared memory; otherwise the split path spreads all pages evenly over every
+// SM. Example on 132 SMs (threshold 92.4 rows): B = 128 rows of 8K tokens -> fused; B = 64 or
+// B = 8 x 64K -> split. From shapes only: the table width, not seq_lens. (With N queries per row
+// the CTA scores each page for all of them and selects them one after the other: the batch of
+// rows, not of query rows, keeps the SMs streaming.)
 constexpr double kFusedMinSmShare = 0.7;
 
-// Up to 16 CTAs per select cluster (H100's non-portable maximum): a 128K row on 16 x 8K-key
+// Up to 16 CTAs per select cluster (sm_90's non-portable maximum): a 128K row on 16 x 8K-key
 // slices.
 constexpr int kMaxSelectCluster = 16;
 
@@ -33,12 +35,12 @@ struct ClusterOccupancy {
   int32_t active[kMaxSelectCluster + 1];
 };
 
-// Kernel 2 gives a row one CTA up to slice_keys keys (sm90_select_rows.cuh: kSliceKeys), and a
-// cluster of more CTAs beyond: cluster barriers and DSMEM reads add latency, so a cluster pays only
-// for rows too long for one SM. Rows longer than the largest cluster's slices give each CTA a
+// SelectRowsKernel gives a row one CTA up to slice_keys keys (sm90_select_rows.cuh: kSliceKeys), and
+// a cluster of more CTAs beyond: cluster barriers and DSMEM reads add latency, so a cluster pays
+// only for rows too long for one SM. Rows longer than the largest cluster's slices give each CTA a
 // longer slice.
-// `fused_fits`: the one-kernel path is on and a CTA's shared memory holds the row's N queries
-// and N x the table's width of keys.
+// `fused_fits`: the fused path is enabled (launch/tuning.h) and a CTA's shared memory holds the row's
+// N queries and N x the table's width of keys.
 inline Schedule PlanSchedule(int64_t batch, int64_t queries, int64_t max_pages, int num_sms, int64_t slice_keys,
                              const ClusterOccupancy& occupancy, bool fused_fits) {
   const int64_t max_tokens = std::max<int64_t>(1, max_pages) * kPageTokens;
@@ -47,9 +49,11 @@ inline Schedule PlanSchedule(int64_t batch, int64_t queries, int64_t max_pages, 
                                                           std::max(1, num_sms)));
   int cluster =
       static_cast<int>(std::clamp<int64_t>((max_tokens + slice_keys - 1) / slice_keys, 1, kMaxSelectCluster));
-  // At most one wave (a second wave of clusters costs more than longer slices per CTA: NOTES): the
+  // At most one wave (a second wave of clusters costs more than longer slices per CTA): the
   // largest cluster of which every query row's cluster is resident at once. A GPC holds whole
-  // clusters, so that is not SMs / cluster size; a size that does not fit at all has 0.
+  // clusters, so that is not SMs / cluster size; a size that does not fit at all has 0. Example:
+  // B = 8 rows of 64K tokens with N = 2 is 16 query rows that want 8 CTAs each; on a device that
+  // holds 15 clusters of 8 or of 7 at once but 17 of 6 (an H100 SXM), each gets 6 CTAs of ~10.9K keys.
   const int64_t rows = batch * std::max<int64_t>(1, queries);
   while (cluster > 1 && occupancy.active[cluster] < rows) --cluster;
   s.cluster_size = cluster;

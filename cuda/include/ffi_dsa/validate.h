@@ -57,6 +57,12 @@ struct ArgMeta {
   int64_t size(int i) const { return shape[i]; }
 };
 
+// How messages name the arguments, in the op's order: the parameter names of ffi_dsa.call (and of
+// the torch, JAX and TVM entry points), which is what the caller typed; docs/contract.md's names for
+// q and k_cache follow in parentheses. ffi_dsa/_arrays.py ARG_NAMES holds the same strings.
+inline constexpr const char* kArgNames[6] = {"q (q_index_fp8)", "k_cache (k_index_cache_fp8)", "weights",
+                                              "seq_lens", "block_table", "topk_indices"};
+
 inline ArgMeta MetaOf(const char* name, const tvm::ffi::TensorView& t) {
   ArgMeta m;
   m.name = name;
@@ -117,7 +123,7 @@ inline void CheckDType(const ArgMeta& t, bool ok, const char* expected) {
 inline void CheckPlacement(const ArgMeta& t, DLDevice device) {
   if (t.device.device_type != device.device_type || t.device.device_id != device.device_id) {
     TVM_FFI_THROW(ValueError) << t.name << " is on device (" << t.device.device_type << ", "
-                              << t.device.device_id << ") but q_index_fp8 is on (" << device.device_type
+                              << t.device.device_id << ") but q is on (" << device.device_type
                               << ", " << device.device_id << "); every argument must be on one device";
   }
   if (!t.contiguous) {
@@ -143,8 +149,8 @@ inline void CheckRankIn(const ArgMeta& t, int rank_a, const char* layout_a, int 
 // An argument with one row per query token: [B, N, ...] (rank `split_rank`) or [B * N, ...].
 inline void CheckQueryRows(const ArgMeta& t, int split_rank, const IndexerShape& s, const char* rows_layout) {
   if (t.ndim() == split_rank) {
-    CheckDim(t, 0, s.batch, "B, from q_index_fp8");
-    CheckDim(t, 1, s.queries, "N, query tokens per row, from q_index_fp8");
+    CheckDim(t, 0, s.batch, "B, from q");
+    CheckDim(t, 1, s.queries, "N, query tokens per row, from q");
   } else {
     CheckDim(t, 0, s.batch * s.queries, rows_layout);
   }
@@ -183,13 +189,13 @@ inline IndexerShape CheckIndexerMeta(const ArgMeta& q, const ArgMeta& k_cache, c
   if (q.ndim() == 4) {
     const int64_t n = q.size(1);
     if (n < 1 || n > kMaxQueries) {
-      TVM_FFI_THROW(ValueError) << "q_index_fp8 dimension 1 (N, query tokens per row) must be in 1.." << kMaxQueries
+      TVM_FFI_THROW(ValueError) << q.name << " dimension 1 (N, query tokens per row) must be in 1.." << kMaxQueries
                                 << ", got shape " << ShapeString(q);
     }
     s.queries = static_cast<int32_t>(n);
   }
   if (!SupportedHeads(q.size(head_axis))) {
-    TVM_FFI_THROW(ValueError) << "q_index_fp8 dimension " << head_axis << " (H, index heads) must be " << kNumHeads
+    TVM_FFI_THROW(ValueError) << q.name << " dimension " << head_axis << " (H, index heads) must be " << kNumHeads
                               << " or " << kNumHeadsNarrow << ", got shape " << ShapeString(q);
   }
   s.heads = static_cast<int32_t>(q.size(head_axis));
@@ -197,16 +203,18 @@ inline IndexerShape CheckIndexerMeta(const ArgMeta& q, const ArgMeta& k_cache, c
   CheckDim(k_cache, 1, kPageTokens, "tokens per page");
   CheckDim(k_cache, 2, 1, "the layout's single key head");
   CheckDim(k_cache, 3, kTokenBytes, "128 fp8 bytes + 4 scale bytes");
-  CheckQueryRows(weights, 3, s, "B * N, query rows, from q_index_fp8");
-  CheckDim(weights, weights.ndim() - 1, s.heads, "H, index heads, from q_index_fp8");
-  CheckDim(seq_lens, 0, s.batch, "B, from q_index_fp8");
-  if (seq_lens.ndim() == 2) CheckDim(seq_lens, 1, s.queries, "N, query tokens per row, from q_index_fp8");
+  CheckQueryRows(weights, 3, s, "B * N, query rows, from q");
+  CheckDim(weights, weights.ndim() - 1, s.heads, "H, index heads, from q");
+  CheckDim(seq_lens, 0, s.batch, "B, from q");
+  if (seq_lens.ndim() == 2) CheckDim(seq_lens, 1, s.queries, "N, query tokens per row, from q");
   s.per_query_lens = seq_lens.ndim() == 2;
-  CheckDim(block_table, 0, s.batch, "B, from q_index_fp8");
-  CheckQueryRows(topk_indices, 3, s, "B * N, query rows, from q_index_fp8");
+  CheckDim(block_table, 0, s.batch, "B, from q");
+  CheckQueryRows(topk_indices, 3, s, "B * N, query rows, from q");
   s.topk = topk_indices.size(topk_indices.ndim() - 1);
   if (s.topk > kMaxTopK) {
-    TVM_FFI_THROW(ValueError) << "topk_indices has K=" << s.topk << " columns; the kernel supports K <= " << kMaxTopK;
+    // The DPS caller made topk_indices; an allocating entry point's caller asked for topk.
+    TVM_FFI_THROW(ValueError) << "topk_indices has K=" << s.topk << " columns (topk=" << s.topk
+                              << " where the entry point allocates it); the kernel supports K <= " << kMaxTopK;
   }
   for (const ArgMeta* t : {&q, &k_cache, &weights, &seq_lens, &block_table, &topk_indices}) {
     CheckPlacement(*t, q.device);
@@ -223,14 +231,14 @@ inline IndexerArgs CheckIndexerArgs(const tvm::ffi::TensorView& q, const tvm::ff
                                     DLDeviceType expected_device_type) {
   using detail::DataAs;
   if (q.device().device_type != expected_device_type) {
-    TVM_FFI_THROW(ValueError) << "q_index_fp8 is on device type " << q.device().device_type
+    TVM_FFI_THROW(ValueError) << kArgNames[0] << " is on device type " << q.device().device_type
                               << " but this module serves device type " << expected_device_type;
   }
   IndexerArgs args;
   static_cast<IndexerShape&>(args) =
-      CheckIndexerMeta(MetaOf("q_index_fp8", q), MetaOf("k_index_cache_fp8", k_cache), MetaOf("weights", weights),
-                       MetaOf("seq_lens", seq_lens), MetaOf("block_table", block_table),
-                       MetaOf("topk_indices", topk_indices));
+      CheckIndexerMeta(MetaOf(kArgNames[0], q), MetaOf(kArgNames[1], k_cache), MetaOf(kArgNames[2], weights),
+                       MetaOf(kArgNames[3], seq_lens), MetaOf(kArgNames[4], block_table),
+                       MetaOf(kArgNames[5], topk_indices));
   args.q = DataAs<const uint8_t>(q);
   args.k_cache = DataAs<const uint8_t>(k_cache);
   args.weights = DataAs<const float>(weights);

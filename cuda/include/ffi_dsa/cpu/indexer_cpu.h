@@ -25,13 +25,30 @@ inline std::atomic<int>& RequestedCpuThreads() {
   return requested;
 }
 
+// FFI_DSA_NUM_THREADS as a count, 0 when unset or empty. Anything but a whole number >= 1 is refused:
+// a typo must not silently become one thread (or every core).
+inline int EnvThreads() {
+  const char* env = std::getenv("FFI_DSA_NUM_THREADS");
+  if (env == nullptr || *env == '\0') return 0;
+  long value = 0;
+  for (const char* c = env; *c != '\0'; ++c) {
+    if (*c < '0' || *c > '9') {
+      value = 0;
+      break;
+    }
+    value = std::min<long>(value * 10 + (*c - '0'), kMaxCpuThreads);
+  }
+  if (value < 1) TVM_FFI_THROW(ValueError) << "FFI_DSA_NUM_THREADS must be a whole number >= 1, got '" << env << "'";
+  return static_cast<int>(value);
+}
+
 // Threads: set_cpu_threads if set, else FFI_DSA_NUM_THREADS if set (read on every call), else every
 // core, at most kMaxCpuThreads whichever it is; small calls stay on the caller's thread because
 // starting a thread costs more than scoring a few pages.
 inline int ThreadCount(int64_t total_pages) {
   constexpr int64_t kPagesPerThreadMin = 64;
   int threads = static_cast<int>(std::thread::hardware_concurrency());
-  if (const char* env = std::getenv("FFI_DSA_NUM_THREADS")) threads = std::atoi(env);
+  if (const int from_env = EnvThreads(); from_env > 0) threads = from_env;
   if (const int requested = RequestedCpuThreads().load(std::memory_order_relaxed); requested > 0) threads = requested;
   threads = std::clamp(threads, 1, kMaxCpuThreads);
   return static_cast<int>(std::min<int64_t>(threads, std::max<int64_t>(1, total_pages / kPagesPerThreadMin)));

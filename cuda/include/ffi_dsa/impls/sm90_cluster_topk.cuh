@@ -5,18 +5,18 @@
 //
 // Every pass reads its keys from a KeySpan (a CTA's slice staged in shared memory, the slice
 // walked from L2 when it is too long to stage, or the gathered keys of one bucket) through one
-// loop over tiles of one 4-key quad per thread. Each pass exists once in the binary: v9 held 16
-// keys per thread in registers with every pass unrolled and instantiated two to six times (a
-// 200 KB kernel, 43% of its ncu stall samples "no instruction"); this layout is half the code
-// and 4.6% (though that alone did not shorten the select: its phases are chains of dependent
-// steps and barriers). Cluster exchanges read one value per CTA (stats, totals, counts) or a
+// loop over tiles of one 4-key quad per thread. Each pass exists once in the binary (code is
+// fetched as it executes: see kSelectThreads), where passes unrolled over keys held in registers
+// and instantiated at every call site multiply the code warps wait to fetch. (A smaller binary
+// alone does not shorten the select, though: its phases are chains of dependent steps and
+// barriers.) Cluster exchanges read one value per CTA (stats, totals, counts) or a
 // coarse-then-fine histogram, never a whole histogram per thread.
 //
 // 1. ClusterThreshold finds the key T of the K-th best key of the row and how many keys equal to
 //    T are taken. Fast path: the score range (min/max), a 2048-bucket histogram linear in the
 //    score value (a row's top tail spreads over many buckets, so shared-memory atomics rarely
 //    collide; a radix histogram on key bits crowds a row into a few bins, because its scores
-//    share exponent bits, and measured 5-10x slower on H100), then the keys of the K-th key's
+//    share exponent bits, and its atomics serialize there), then the keys of the K-th key's
 //    bucket are gathered from every CTA and ranked exactly. Degenerate ranges (all equal,
 //    infinities, a bucket too full) fall back to RadixThreshold: MSB-first 4-bit digits, bin
 //    totals summed over the cluster.
@@ -44,8 +44,9 @@ namespace ffi_dsa::sm90 {
 
 namespace cg = cooperative_groups;
 
-// The select is a chain of short dependent steps, so it wants many warps (two CTAs per SM at
-// a 64-register cap measured 10-30% slower in v10a). A pass walks the keys as tiles of one
+// The select is a chain of short dependent steps, so it wants many warps, but not at the price of
+// a register cap: two CTAs per SM at 64 registers each lose more to spills and lost ILP than the
+// extra warps win, so it is one 512-thread CTA per SM. A pass walks the keys as tiles of one
 // 4-key quad per thread, in a loop that is not unrolled: the kernel runs once per launch, so
 // straight-line code is fetched from L2 as it executes, and a rolled loop is fetched once.
 constexpr int kSelectThreads = 512;
@@ -65,7 +66,7 @@ constexpr int kBins = 1 << kDigitBits;
 constexpr int kBuckets = 2048;
 constexpr int kGroupBuckets = 32;  // the histogram is exchanged coarse (groups of 32) then fine
 constexpr int kGroups = kBuckets / kGroupBuckets;
-// Largest cluster the exchanges are written for (H100's non-portable maximum).
+// Largest cluster the exchanges are written for (sm_90's non-portable maximum).
 constexpr int kMaxClusterRanks = 16;
 constexpr int kGatherCapacity = 2048;
 static_assert(kGatherCapacity % kSelectThreads == 0, "the gathered keys are copied a fixed count per thread");
@@ -90,7 +91,8 @@ __device__ __forceinline__ uint32_t Tiles(const KeySpan& span) { return (span.co
 
 // The quad a thread holds of a tile: warp w the 128 keys at 128 w, lane l the 4 at 4 l. A warp's
 // 16-byte loads read 512 contiguous bytes: no shared-memory bank conflicts (16 consecutive keys
-// per thread measured 4-way conflicts on every pass) and whole sectors from L2.
+// per thread, read as 16-byte loads at a 64-byte stride, would conflict 4 ways on every pass) and
+// whole sectors from L2.
 __device__ __forceinline__ uint32_t QuadPosition(uint32_t tile) { return tile * kTileKeys + threadIdx.x * 4; }
 
 // Keys [pos, pos + 4) of a span that holds all of them: no end checks.
@@ -114,7 +116,7 @@ __device__ __forceinline__ uint4 LoadQuad(const KeySpan& span, uint32_t pos) {
 }
 
 // Tiles are walked kBatchTiles at a time: the batch's loads are issued together and its
-// independent chains overlap (one tile per iteration measured 1.5-2x slower per pass).
+// independent chains overlap (one tile per iteration would wait out each load in turn).
 constexpr uint32_t kBatchTiles = 4;
 
 // The quads of tiles [t, t + kBatchTiles) of the span. A tile wholly inside the span (every
@@ -167,8 +169,8 @@ __device__ __forceinline__ void ForEachKey(const KeySpan& span, F&& f) {
 struct SortStorage {
   static constexpr int kItems = (kMaxTopK + kSelectThreads - 1) / kSelectThreads;
   static constexpr int kCapacity = kItems * kSelectThreads;
-  // Merge sort: 9 merge rounds over 2048 words. A radix sort of the 64-bit words (16 digit
-  // passes) measured 39.6K cycles on H100 (v13.4 trace, sorted=True on 8K-token rows), this one 19.7K.
+  // Merge sort: 9 merge rounds over 2048 words, where a radix sort of the 64-bit words needs 16
+  // passes of 4-bit digits, each a histogram, a block scan and a scatter.
   struct Greater {
     __device__ bool operator()(unsigned long long a, unsigned long long b) const { return a > b; }
   };
@@ -286,8 +288,8 @@ __device__ SliceStats RowStats(ClusterSelectStorage& s, SliceStats st, int clust
     return s.stats;
   }
   ClusterBarrier();
-  // One remote read per CTA of the cluster (lane r reads rank r), not one per thread: DSMEM
-  // reads by every thread measured ~7K cycles for a cluster of 8.
+  // One remote read per CTA of the cluster (lane r reads rank r), not one per thread: each DSMEM
+  // read is a round trip, and 512 threads reading every rank queue 512 x cluster of them.
   if (warp == 0) {
     st = WarpStats(lane < cluster_size ? *AtRank(&s.stats, lane) : EmptyStats());
     if (lane == 0) s.row_stats = st;
@@ -410,7 +412,8 @@ __device__ bool BucketThreshold(ClusterSelectStorage& s, const KeySpan& slice, u
   } else {
     // A cluster, coarse then fine: the group of 32 buckets that holds the K-th number, then its
     // bucket. A CTA reads 64 + 32 counts from each other CTA instead of the whole histogram (every
-    // thread reading 4 buckets of every CTA measured 16-20K cycles for a cluster of 8).
+    // thread reading its 4 buckets of every CTA: for a cluster of 8, 7 x 2048 remote loads per CTA
+    // instead of 7 x 96).
     const int warp = tid / 32, lane = tid % 32;
     for (int g = warp; g < kGroups; g += kSelectWarps) {
       const uint32_t c = WarpSum(s.hist[g * kGroupBuckets + lane]);
@@ -495,8 +498,8 @@ __device__ bool BucketThreshold(ClusterSelectStorage& s, const KeySpan& slice, u
     __syncthreads();
     // Entry j of the united bucket comes from the rank whose range of entries holds j. Every
     // thread issues all its DSMEM loads before its first store, so the copy costs one round trip;
-    // a loop rank by rank (a store may alias the next rank's load) cost one per rank, ~4K cycles
-    // for a cluster of 8 (v11 trace).
+    // a loop rank by rank would cost one per rank (a store may alias the next rank's load, so the
+    // compiler keeps them in order).
     uint32_t start[kMaxClusterRanks];
     uint32_t total = 0;
 #pragma unroll

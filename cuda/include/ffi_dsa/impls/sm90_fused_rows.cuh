@@ -1,13 +1,16 @@
-// One-kernel Hopper path for big batches of short rows (B >= ~0.7 x SMs, and N x the table's
-// width <= 16K keys that fit the CTA's shared memory: the large-batch decode step): one CTA per row scores the whole row straight into shared
-// memory and selects it from there (sm90_select_rows.cuh: SelectSlice). Against the two-kernel
-// path (score everything into a workspace, then select) it saves a launch, the workspace round
-// trip through L2, and the wait for the whole scoring grid before any select starts: a CTA whose
-// row is done selects while the others still stream. With this many rows every SM streams
-// anyway, so the per-row CTA costs no bandwidth (one CTA pulls at most ~33 GB/s, v5 trace: ~92
-// together reach HBM speed). Measured on H100 (v13, benchmarks/NOTES.md): W5 (128 x 8K) 70.5 ->
-// 63.1 µs; the same kernel with a cluster of 8-16 CTAs per row for small batches was slower than
-// the two kernels everywhere (W1 17.5 -> 21.8, W6 50.1 -> 73.3 µs), so small batches keep them.
+// FusedRowsKernel, the fused path for big batches of short rows (B >= kFusedMinSmShare x SMs, and
+// N x the table's width <= kFusedMaxRowKeys keys, which fit the CTA's shared memory: the
+// large-batch decode step): one CTA per row scores the whole row straight into shared memory and
+// selects it from there (sm90_select_rows.cuh: SelectSlice). Against the split path
+// (ScorePagesKernel scores everything into a workspace, then SelectRowsKernel selects) it saves a
+// launch, the workspace round trip through L2, and the wait for the whole scoring grid before any
+// select starts: a CTA whose row is done selects while the others still stream. With this many
+// rows every SM streams anyway, so a single CTA per row costs no bandwidth (sm90_schedule.h:
+// kFusedMinSmShare). Small batches keep the split path: a cluster of CTAs per row here would stream
+// each row on its cluster's SMs only and select it over short slices, whose cluster barriers and
+// DSMEM reads cost more than the launch this path saves. Example on 132 SMs: 128 rows of 8K tokens
+// take 128 CTAs of 128 pages and 8K keys each; 8 rows of 64K (too wide anyway) or 16 rows of 8K
+// take the split path.
 //
 // With N queries per row (docs/contract.md §7) the CTA scores each page for every query that sees
 // it, keeps N rows of keys and selects them one after the other.
@@ -16,8 +19,8 @@
 // Page i of the row goes to warpgroup i % 4 and stage i % kFusedStages; the warpgroup's first
 // thread issues the page's TMA kFusedStages pages ahead, once its own 128 threads have released
 // the stage (empty mbarrier). No producer warpgroup: the select that follows wants all 512
-// threads, and one issuing thread per warpgroup keeps the SM's TMA unit busy (v5 trace: 2 or 4
-// issuers both reach its ~450 cycles per page).
+// threads, and one issuing thread per warpgroup keeps the SM's TMA unit busy (with two or more
+// issuers the TMA unit, not the issuing, bounds the page rate).
 #pragma once
 #include <cuda.h>
 

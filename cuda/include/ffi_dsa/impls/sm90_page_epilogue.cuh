@@ -1,6 +1,6 @@
 // One staged page scored for every query of its row: the tensor-core products and the epilogue
-// that turns them into one rank key per (query, token). Shared by the page-streaming kernel
-// (sm90_score_pages.cuh) and the one-kernel path (sm90_fused_rows.cuh).
+// that turns them into one rank key per (query, token). Shared by ScorePagesKernel
+// (sm90_score_pages.cuh) and FusedRowsKernel (sm90_fused_rows.cuh).
 //
 // Products. The page's 64 tokens are M; the N side stacks the heads of as many of the row's
 // queries as 128 columns hold (two of 64 heads, four of 32: their Q tiles lie back to back in

@@ -13,8 +13,9 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
 
 // The first `Align`-aligned byte of a dynamic shared-memory buffer (allocated with Align - 1
 // bytes of slack). Offsetting the array itself, not a pointer rebuilt from an integer, keeps the
-// compiler aware that the result is shared memory: through an integer cast every access became a
-// generic LD/ST/ATOM (the one kernel's whole select and kernel 1's block scan, v13.3 SASS).
+// compiler aware that the result is shared memory: through an integer cast every access becomes a
+// generic LD/ST/ATOM instead of LDS/STS/ATOMS (FusedRowsKernel's whole select, ScorePagesKernel's
+// block scan).
 template <uint32_t Align>
 __device__ __forceinline__ uint8_t* AlignedSmem(uint8_t* raw) {
   return raw + ((Align - (SmemAddr(raw) & (Align - 1))) & (Align - 1));

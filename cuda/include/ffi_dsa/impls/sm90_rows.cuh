@@ -33,21 +33,23 @@ __host__ __device__ __forceinline__ bool ThresholdNeeded(int64_t tokens, int32_t
 
 // A row of at most K tokens ordered by position needs no scores: every token on a valid page
 // wins, whatever its score (NaN included), and the output is those tokens in position order.
-// Kernel 1 skips such rows and kernel 2 writes them without waiting for kernel 1; the host skips
-// kernel 1 when no row can be longer than the block table allows (tokens = max_pages * 64).
+// ScorePagesKernel skips such rows and SelectRowsKernel writes them before waiting for it;
+// the host launches SelectRowsKernel alone when no row can need scores (every row is at most the
+// block table's width, max_pages * 64 tokens). FusedRowsKernel writes them after its selects (at
+// once when none of the row's queries needs scores).
 __host__ __device__ __forceinline__ bool ScoresNeeded(int64_t tokens, int32_t topk, bool sorted) {
   return sorted || ThresholdNeeded(tokens, topk);
 }
 
-// Pages kernel 1 scores for a query of n tokens.
+// Pages ScorePagesKernel scores for a query of n tokens.
 __device__ __forceinline__ int32_t ScoredPages(int64_t n, int32_t topk, bool sorted) {
   return ScoresNeeded(n, topk, sorted) ? static_cast<int32_t>((n + kPageTokens - 1) / kPageTokens) : 0;
 }
 
-// Pages kernel 1 scores for row b: each page once for all of the row's kQueries queries, up to the
-// longest prefix among those that need scores. ScoresNeeded grows with the length, so the row's
-// longest query decides: with seq_lens [B] (or one query) the last query, which sees seq_lens[b]
-// itself (one load: this runs, inlined, in every role's prologue and row walk).
+// Pages ScorePagesKernel scores for row b: each page once for all of the row's kQueries queries, up
+// to the longest prefix among those that need scores. ScoresNeeded grows with the length, so the
+// row's longest query decides: with seq_lens [B] (or one query) the last query, which sees
+// seq_lens[b] itself (one load: this runs, inlined, in every role's prologue and row walk).
 template <int kQueries>
 __device__ __forceinline__ int32_t RowScoredPages(const int32_t* seq_lens, int64_t b, QueryShape qs, int32_t max_pages,
                                                   int32_t topk, bool sorted) {

@@ -1,23 +1,26 @@
-// Kernel 1 of the Hopper path: score every page of every row that needs scores (sm90_rows.cuh:
-// not the rows of at most K tokens in position order), spread evenly over the whole GPU.
+// ScorePagesKernel, the first kernel of the split path: score every page of every row that needs
+// scores (sm90_rows.cuh: not the rows of at most K tokens in position order), spread evenly over
+// the whole GPU; SelectRowsKernel (sm90_select_rows.cuh) then selects each query row.
 //
 // Balance: the batch's scored pages, row after row, form one flat sequence of P pages (P from seq_lens,
 // read on the device, so the launch is shape-only and graph-safe). CTA c of G scores the flat
 // range [P*c/G, P*(c+1)/G): a long row is shared by many CTAs and a CTA may cover the ends of
 // several short rows ("segments"). Every SM streams the same number of bytes whatever the mix of
-// lengths. (Measured on H100: one CTA's TMA unit moves at most one 8.4 KB page per ~450 cycles,
-// ~33 GB/s, so a row left to one CTA is slow; all 132 together out-pull HBM.)
+// lengths: one CTA's TMA unit moves pages far slower than HBM delivers them, so a long row left to
+// one CTA would be slow, while every SM streaming together pulls at HBM speed. Example: one row of
+// 128K tokens (2048 pages) on 132 CTAs gives each 15 or 16 pages; in 64 rows of 1K to 32K tokens
+// a 32K row spans several CTAs' ranges and a range may end one row and start the next.
 //
 // Roles (one CTA, 640 threads):
 //   warpgroups 0-3  math: page i of the CTA goes to warpgroup i % 4; for each of the row's N
 //                   queries that sees the page, 4 x wgmma m64nHk32 (tokens = M, the query's H
 //                   heads = N, both K-major FP8 in 128B-swizzled smem) -> scale, relu, head
 //                   weights, head sum in registers -> one rank key (rank_key.h) per token, stored
-//                   to the query row's workspace row [B * N, max_pages * 64] (4 bytes per token:
-//                   ~3% of the 132 bytes read for it; the select kernel reads it back from L2).
+//                   to the query row's workspace row [B * N, max_pages * 64] (4 bytes per token
+//                   against the 132 read for it; SelectRowsKernel reads it back from L2).
 //                   The page is read from memory once for all N queries (docs/contract.md §7).
-//   warpgroup 4     producer: four warps, each issuing every 4th page (one issuing thread
-//                   capped a CTA at a page per ~600 cycles), into a ring of kStages stages
+//   warpgroup 4     producer: four warps, each issuing every 4th page (a single issuing thread
+//                   caps the CTA's page rate below its TMA unit's), into a ring of kStages stages
 //                   (full/empty mbarriers); warp 0 also loads each segment's Q (N x H heads) by
 //                   TMA into one of two buffers. Invalid page ids are never loaded: their tokens
 //                   get key 0.
@@ -41,7 +44,7 @@ struct ScoreParams {
   const float* weights;  // [B * N, H]
   const int32_t* seq_lens;
   const int32_t* block_table;
-  uint32_t* keys;      // [B * N, row_stride] workspace; written for t < the query's length rounded up to 4 (the pad: kNotCandidate)
+  uint32_t* keys;      // [B * N, row_stride]; written up to the query's length rounded up to 4 (pad: kNotCandidate)
   int64_t row_stride;  // max_pages * 64
   int64_t num_pages;
   int32_t batch;
@@ -54,15 +57,18 @@ struct ScoreParams {
 constexpr int kScoreThreads = 640;
 constexpr int kMathWarpgroups = 4;
 constexpr int kMathThreads = kMathWarpgroups * kWarpgroupThreads;
-// 4 pages being computed + 4 in flight. Measured on H100 (v12.4): 8 stages beat 12 by ~1 µs on the
-// HBM-bound shapes (W4 85.4 -> 84.4, W5 71.2 -> 70.2 µs) and 16/20/24 were slower still: with every
-// SM streaming, more requests in flight only queue longer; 4 (no page ahead) was slower too.
+// 4 pages being computed + 4 in flight: each warpgroup has its next page on the way while it
+// computes one. Not more: with every SM streaming the kernel is HBM-bound, and more requests in
+// flight per SM only queue longer. Not fewer: with 4 a warpgroup owns a single stage, so its next
+// page's load starts only once it releases the current one, and little of it is hidden.
 constexpr int kStages = 8;
 constexpr int kScaleBytes = kPageTokens * 4;
 constexpr int kIssuerWarps = 4;
 // Page i uses stage i % kStages, is issued by producer warp i % 4 and consumed by warpgroup i % 4.
 // The stage barriers are waited on by phase parity, which is sound only if each stage always
-// belongs to the same producer warp and warpgroup (a 10-stage build gave no results on the H100).
+// belongs to the same producer warp and warpgroup. (With 10 stages, stage 2 would hold pages 2, 12,
+// 22, ...: issued by warps 2, 0, 2, ... and consumed by warpgroups 2, 0, 2, ..., whose parity
+// waits then see each other's phases.)
 static_assert(kStages % kIssuerWarps == 0 && kStages % kMathWarpgroups == 0, "stage ownership");
 constexpr int64_t kPrefetchTableBytes = int64_t(8) << 20;
 
@@ -283,8 +289,8 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   // scores only after the scan, and its first page id read was then a second cold HBM round trip
   // before the first page's TMA. The CTAs split the table's lines (each line asked for once);
   // tables past kPrefetchTableBytes (B x pages far beyond a decode step's) are left alone.
-  // Measured (v13.5): -0.1 to -0.75 µs on the two-kernel shapes; W1 unchanged (its Q and first
-  // page TMAs are as long a chain).
+  // It shortens the chain only where the table read is on it: for a CTA of one page the Q and
+  // first-page TMAs (both cold) take as long.
   {
     const int64_t table_bytes = int64_t(p.batch) * p.max_pages * int64_t(sizeof(int32_t));
     if (table_bytes <= kPrefetchTableBytes) {
@@ -312,11 +318,11 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     }
     FenceBarrierInit();
   }
-  // Launched with programmatic stream serialization (unless FFI_DSA_PDL=0), this grid may be
+  // Launched with programmatic stream serialization (unless launch/tuning.h turns it off), this grid may be
   // resident while the stream's previous kernel still runs; everything above touches only
   // parameters, shared memory and L2 hints, everything below reads inputs that kernel may write.
   WaitForPrecedingGrid();
-  // The select kernel's CTAs may be placed now; they wait for this grid before reading keys. Not
+  // SelectRowsKernel's CTAs may be placed now; they wait for this grid before reading keys. Not
   // before the wait above: the select reads seq_lens and the block table as soon as it starts.
   AllowDependentLaunch();
 
@@ -348,8 +354,8 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   const long long range_begin = share_start(blockIdx.x);
   const long long range_end = share_start(blockIdx.x + 1);
   if (range_begin >= range_end) return;  // fewer pages than CTAs: the whole CTA leaves together
-  // The row holding the range's first page. (A second scan of the first tile sat on every CTA's
-  // critical path: v13.6b measured -0.3 to -0.5 µs without it.)
+  // The row holding the range's first page. (Scanning the first tile again would put a block scan
+  // and its barrier on every CTA's critical path.)
   long long carry = 0;
   for (int64_t base = 0; base < p.batch && carry <= range_begin; base += kScoreThreads) {
     const int64_t r = base + tid;

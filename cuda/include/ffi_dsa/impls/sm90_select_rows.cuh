@@ -1,12 +1,14 @@
-// Kernel 2 of the Hopper path: the exact top-K of every query row (query j of row b, b * N + j)
-// from the rank keys kernel 1 left in the workspace (L2-resident right after it). One cluster of
-// `cluster_size` CTAs per query row (sm90_cluster_topk.cuh); CTA r of the cluster owns the r-th
-// slice of the query's prefix of the row (whole pages).
+// SelectRowsKernel, the second kernel of the split path: the exact top-K of every query row (query
+// j of row b, b * N + j) from the rank keys ScorePagesKernel left in the workspace (L2-resident
+// right after it). One cluster of `cluster_size` CTAs per query row (sm90_cluster_topk.cuh); CTA r
+// of the cluster owns the r-th slice of the query's prefix of the row (whole pages).
 // A slice of up to `staged_capacity` keys is copied once into shared memory by one bulk copy
 // and every pass reads it there; longer slices (rows of more than 16 x 32K tokens) are walked
 // from L2 on every pass. Launched with programmatic stream serialization: its CTAs are placed
-// while kernel 1 runs, read their inputs (lengths, page ids) and then wait for kernel 1's keys.
-// Rows that need no scores (at most K tokens, position order) are written without keys.
+// while ScorePagesKernel runs, read their inputs (lengths, page ids) and then wait for its keys.
+// Rows that need no scores (at most K tokens, position order) are written without keys; when no
+// row needs scores this kernel runs alone (no workspace). SelectSlice is FusedRowsKernel's select
+// too.
 #pragma once
 #include <cstdint>
 
@@ -31,17 +33,20 @@ struct SelectParams {
   QueryShape qs;
   uint32_t staged_capacity;  // keys of shared memory behind SelectSmem (a multiple of 64)
   bool sorted;
-  // No kernel 1 in front and launched with programmatic stream serialization: the stream's
+  // No ScorePagesKernel in front and launched with programmatic stream serialization: the stream's
   // previous kernel may still be writing seq_lens and the block table, so wait before any read.
   bool wait_before_inputs;
   // The stream's next kernel, if launched with programmatic stream serialization, may be placed
-  // before this grid completes (FFI_DSA_PDL; false: it starts only after our completion). Never
-  // while a CTA still reads the workspace: once the call returns, that memory is the allocator's.
+  // before this grid completes (launch/tuning.h: programmatic_launch; false: it starts only after
+  // our completion). Never while a CTA still reads the workspace: once the call returns, that memory
+  // is the allocator's.
   bool let_next_in;
 };
 
-// Keys one CTA selects alone; a longer row gets a cluster of ceil(n / kSliceKeys) CTAs (W1's 8K
-// row on a cluster of 4 measured 2x the threshold time of one CTA: barriers and DSMEM reads).
+// Keys one CTA selects alone; a longer row gets a cluster of ceil(n / kSliceKeys) CTAs. Not
+// smaller slices: every cluster phase waits for the slowest CTA and pays a DSMEM round trip, which
+// below ~8K keys per CTA costs more than the keys it splits (an 8K row is faster on one CTA than on
+// a cluster of 4 slices of 2K keys; a 64K row takes 8 CTAs, not 16 or 32).
 constexpr int kSliceKeys = 8192;
 // Up to kMaxSelectCluster CTAs per row (sm90_schedule.h).
 static_assert(kMaxSelectCluster <= kMaxClusterRanks, "the cluster exchanges");
@@ -85,7 +90,7 @@ __device__ void WriteWholeRow(const SelectParams& p, int64_t query_row, int64_t 
   const int32_t* table = p.block_table + row * p.max_pages;
   const int pages = static_cast<int>((n + kPageTokens - 1) / kPageTokens);
   if (tid < 32) {
-    int32_t page = lane < pages ? __ldcg(table + lane) : -1;  // L2: the select behind kernel 1 reads before its wait
+    int32_t page = lane < pages ? __ldcg(table + lane) : -1;  // L2: behind ScorePagesKernel, read before the wait
     if (page >= p.num_pages) page = -1;  // -1 (or any negative id): not a page, its tokens are not candidates
     const uint32_t tokens = page >= 0 ? static_cast<uint32_t>(min(int64_t(kPageTokens), n - int64_t(lane) * kPageTokens)) : 0u;
     const uint32_t incl = WarpInclusiveSum(tokens);
@@ -107,10 +112,10 @@ __device__ void WriteWholeRow(const SelectParams& p, int64_t query_row, int64_t 
 }
 
 // The exact top-K of query row `query_row` (n tokens of block-table row `row`), from this CTA's
-// slice of it: keys [begin, begin + m) of the query in `keys`, the slice's page ids in `pages`. Every CTA of the row's cluster calls it
-// with its own slice. `thread_stats`: this thread's share of the slice's stats (the shares of a
-// CTA's threads disjoint, together the whole slice); they are combined before waiting on `landed`
-// (the mbarrier of the keys' copy into shared memory, or null).
+// slice of it: keys [begin, begin + m) of the query in `keys`, the slice's page ids in `pages`.
+// Every CTA of the row's cluster calls it with its own slice. `thread_stats`: this thread's share
+// of the slice's stats (the shares of a CTA's threads disjoint, together the whole slice); they are
+// combined before waiting on `landed` (the mbarrier of the keys' copy into shared memory, or null).
 __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& smem, int64_t query_row, int64_t row,
                                             int64_t n, int64_t begin,
                                             const KeySpan& keys, const SliceStats& thread_stats, const int32_t* pages,
@@ -216,8 +221,7 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
   // Every key equal to T wins (the common case: T's copies are not split by K): a key's slot is
   // the count of keys >= T before it, so the tie counts need not be ranked key by key. The warp's
   // offsets come from four ballots per tile instead of a packed-count scan, and a quad's 4 keys
-  // share one page lookup (v13.4 trace, 8K keys on one CTA: this pass 3.4K cycles, the general
-  // path 5.1K).
+  // share one page lookup.
   const bool every_tie_wins = th.ties == UINT_MAX;
   const uint32_t lanes_below = (1u << lane) - 1u;
 #pragma unroll 1
@@ -334,27 +338,28 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   const int cluster_size = static_cast<int>(cg::this_cluster().num_blocks());
   const int cluster_rank = static_cast<int>(cg::this_cluster().block_rank());
   const int64_t query_row = blockIdx.x / cluster_size;
-  // (32-bit, and none for one query: divisions sit on the path to the first read)
+  // The block-table row (32-bit, and no division for one query: divisions sit on the path to the
+  // first read).
   const int64_t row = p.qs.queries == 1 ? query_row
-                                        : static_cast<uint32_t>(query_row) / static_cast<uint32_t>(p.qs.queries);  // of the block table
+                                        : static_cast<uint32_t>(query_row) / static_cast<uint32_t>(p.qs.queries);
   const int query = static_cast<int>(static_cast<uint32_t>(query_row) - static_cast<uint32_t>(row) * p.qs.queries);
   const int tid = threadIdx.x;
   // The next call's first kernel may be placed on the SMs this grid leaves free (it waits for our
   // completion before reading anything), as soon as this CTA is done with the workspace: at once
-  // with no workspace or for a row that needs no scores (then possibly while kernel 1 still runs:
-  // a successor waits before touching any memory the call uses), after staging, or at exit.
+  // with no workspace or for a row that needs no scores (then possibly while ScorePagesKernel still
+  // runs: a successor waits before touching any memory the call uses), after staging, or at exit.
   if (p.let_next_in && p.keys == nullptr) AllowDependentLaunch();
   if (p.wait_before_inputs) WaitForPrecedingGrid();
 
-  // Inputs: readable before kernel 1's end, since kernel 1 let this grid launch only after its own
+  // Inputs: readable before ScorePagesKernel's end, since it let this grid launch only after its own
   // wait for the stream's previous kernel. This grid's own wait does not order these reads, so
   // they go to L2 (ld.global.cg), the point where the writer's stores became visible, never L1.
   const int64_t n = QueryLengthOf(__ldcg(QueryLengthEntry(p.seq_lens, row, query, p.qs)), query, p.qs, p.max_pages);
   if (!ScoresNeeded(n, p.topk, p.sorted)) {  // the same branch for every CTA of the cluster
     if (p.let_next_in) AllowDependentLaunch();  // this CTA reads no keys
     if (cluster_rank == 0) WriteWholeRow(p, query_row, row, n, smem);
-    // Kernel 1 had nothing to do for this row, but this grid must not finish before it: stream
-    // order promises later work both kernels' completion.
+    // ScorePagesKernel had nothing to do for this row, but this grid must not finish before it:
+    // stream order promises later work both kernels' completion.
     WaitForPrecedingGrid();
     return;
   }
@@ -374,10 +379,10 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
     }
   }
   __syncthreads();  // the barrier's init, slice_pages and the histogram's reset
-  WaitForPrecedingGrid();  // kernel 1's keys
+  WaitForPrecedingGrid();  // ScorePagesKernel's keys
 
   // Whole 16-byte units: up to 3 keys past the slice, inside the row's last page of the
-  // workspace (kernel 1 writes them as kNotCandidate; the passes mask them anyway).
+  // workspace (ScorePagesKernel writes them as kNotCandidate; the passes mask them anyway).
   if (staged && m > 0 && tid == 0) {
     const uint32_t bytes = (m + 3) / 4 * 16;
     MbarArriveExpectTx(&smem.keys_landed, bytes);

@@ -2,9 +2,10 @@
 // of the numbers and how many numbers and NaNs there are. Kept in the key domain (rank_key.h:
 // monotone in the score), so that the warp reductions are single redux.sync instructions.
 //
-// The one-kernel path sums each thread's share while it scores (no pass over the keys); the
-// select kernel sums its share from the workspace keys in L2 while their copy lands. (Kernel 1
-// storing a summary per 16 tokens instead measured -0.6 µs on W1 but +1.4 µs on W4: v13.2 notes.)
+// FusedRowsKernel sums each thread's share while it scores (no pass over the keys);
+// SelectRowsKernel sums its share from the workspace keys in L2 while their copy lands, so that
+// pass hides behind the copy. (ScorePagesKernel does not store a summary per 16 tokens instead:
+// on the HBM-bound scoring the extra stores and per-page reductions cost more than the hidden pass.)
 #pragma once
 #include <climits>
 #include <cstdint>

@@ -1,0 +1,63 @@
+"""Options of the CUDA path, for tests and A/B timing; in effect for later CUDA calls in this process.
+
+Each option switches between paths that give the same bytes (the GPU tests check that), so none of
+them is a tuning knob for users:
+
+* ``fused``: the fused path (``FusedRowsKernel``, one CTA per row) may be chosen where a row fits
+  one CTA; ``False`` sends every call to the split path (``ScorePagesKernel`` then
+  ``SelectRowsKernel``).
+* ``pdl``: the call's first kernel is launched with programmatic dependent launch, so its prologue
+  overlaps the end of the stream's previous kernel; ``False`` launches it in plain stream order.
+* ``max_select_cluster``: the most CTAs ``SelectRowsKernel`` gives one query row (1, 2, 4, 8 or 16),
+  so any Hopper GPU can run the smaller clusters of a part whose GPCs hold fewer SMs.
+
+The settings live in the CUDA module (cuda/include/ffi_dsa/launch/tuning.h), which is loaded (and,
+without a prebuilt one, compiled) on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from . import _ffi_api
+
+_UNCHANGED = -1
+
+
+def _flag(name: str, value) -> int:
+    if value is None:
+        return _UNCHANGED
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True, False or None, got {value!r}")
+    return int(value)
+
+
+def set_cuda_options(*, fused: bool | None = None, pdl: bool | None = None,
+                     max_select_cluster: int | None = None) -> dict:
+    """Set the options given (None leaves one as it is) and return all of them as they were before,
+    to restore with ``set_cuda_options(**previous)``. ValueError (and no change) for a value the
+    kernels do not support."""
+    cluster = _UNCHANGED if max_select_cluster is None else int(max_select_cluster)
+    previous = _ffi_api.cuda().set_cuda_options(_flag("fused", fused), _flag("pdl", pdl), cluster)
+    return _as_options(previous)
+
+
+def cuda_options() -> dict:
+    """The options the next CUDA call uses: ``{"fused": bool, "pdl": bool, "max_select_cluster": int}``."""
+    return _as_options(_ffi_api.cuda().cuda_options())
+
+
+@contextlib.contextmanager
+def using_cuda_options(**options):
+    """``with using_cuda_options(fused=False): ...`` sets the options for the block and restores the
+    previous ones after it, also when it raises."""
+    previous = set_cuda_options(**options)
+    try:
+        yield
+    finally:
+        set_cuda_options(**previous)
+
+
+def _as_options(native) -> dict:
+    return {"fused": bool(native["fused"]), "pdl": bool(native["pdl"]),
+            "max_select_cluster": int(native["max_select_cluster"])}

@@ -1,0 +1,133 @@
+"""Both CUDA paths, every select cluster size and both launch orders on the same shapes
+(ffi_dsa.cuda_options, set in-process): each choice must give the same bytes, and a test first
+checks that the option really changes which kernels run, so the comparison cannot pass vacuously.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ffi_dsa.cuda_options import cuda_options, set_cuda_options, using_cuda_options
+from ffi_dsa.workloads import make_batch
+
+from conftest import assert_valid_topk, make_exact_batch, run_dps
+from mtp_batches import Form, mtp_batch
+
+pytestmark = pytest.mark.cuda
+
+DEFAULTS = {"fused": True, "pdl": True, "max_select_cluster": 16}
+
+
+@pytest.fixture(autouse=True)
+def default_options():
+    """Every test starts and ends with the production settings."""
+    set_cuda_options(**DEFAULTS)
+    yield
+    set_cuda_options(**DEFAULTS)
+
+
+def fused_batch_size() -> int:
+    """Rows enough (>= 0.7 x the SMs) for the fused path when the table is <= 16K tokens wide."""
+    return max(128, torch.cuda.get_device_properties(0).multi_processor_count)
+
+
+def kernels_run(args, **options) -> set[str]:
+    """Names of the ffi_dsa kernels one call launches under `options`."""
+    with using_cuda_options(**options), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+        run_dps(args)
+        torch.cuda.synchronize()
+    names = {e.name for e in p.events() if "ffi_dsa" in e.name}
+    return {kernel for kernel in ("FusedRowsKernel", "ScorePagesKernel", "SelectRowsKernel")
+            if any(kernel in name for name in names)}
+
+
+def test_the_fused_option_picks_the_kernels():
+    lens = np.full(fused_batch_size(), 5000)
+    args = make_batch(lens, seed=300).to_torch("cuda")
+    assert kernels_run(args) == {"FusedRowsKernel"}
+    assert kernels_run(args, fused=False) == {"ScorePagesKernel", "SelectRowsKernel"}
+
+
+def _edge_batch(seed: int):
+    """A fused-path batch of the contract's edge lengths up to 16K, invalid page ids and NaN tokens."""
+    lens = np.random.default_rng(seed).integers(0, 16385, size=fused_batch_size())
+    lens[:8] = [0, 1, 2, 2047, 2048, 2049, 16384, 4097]
+    batch = make_batch(lens, seed=seed)
+    batch.block_table[3, 5] = -1
+    batch.block_table[6, 0] = batch.k_cache.shape[0]
+    batch.weights[7, 3] = np.nan
+    return batch
+
+
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda: _edge_batch(301), id="random_edges"),
+    pytest.param(lambda: make_exact_batch(np.random.default_rng(302).integers(2000, 9000, size=fused_batch_size()),
+                                          seed=302, q_values=(0, 1), k_values=(0, 1), w_values=(1,), active_dims=3),
+                 id="exact_ties"),
+    pytest.param(lambda: mtp_batch(Form(2, 64), np.full(fused_batch_size(), 3000), seed=303), id="N2_H64"),
+    pytest.param(lambda: mtp_batch(Form(4, 32, per_query_lens=True), np.full(fused_batch_size(), 2500), seed=304),
+                 id="N4_H32"),
+])
+def test_split_path_gives_the_fused_bytes(make, sorted_):
+    batch = make()
+    args = batch.to_torch("cuda")
+    assert kernels_run(args) == {"FusedRowsKernel"}  # the shapes take the fused path by default
+    fused = run_dps(args, sorted=sorted_)
+    with using_cuda_options(fused=False):
+        split = run_dps(args, sorted=sorted_)
+    np.testing.assert_array_equal(split, fused)
+    if batch.q.ndim == 3:
+        assert_valid_topk(fused, batch, sorted=sorted_)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "split"])
+def test_without_programmatic_launch_the_same_bytes(fused):
+    batch = make_batch(np.random.default_rng(305).integers(0, 9000, size=fused_batch_size()), seed=305)
+    args = batch.to_torch("cuda")
+    with using_cuda_options(fused=fused):
+        want = run_dps(args)
+        with using_cuda_options(pdl=False):
+            got = run_dps(args)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+def test_every_select_cluster_cap_gives_the_same_bytes(sorted_):
+    """Rows long enough for 16-CTA clusters, selected with clusters capped at 1, 2, 4, 8 and 16."""
+    batch = make_batch([131072, 70000, 20000, 2049], seed=306)
+    args = batch.to_torch("cuda")
+    outs = {}
+    for cap in (16, 8, 4, 2, 1):
+        with using_cuda_options(max_select_cluster=cap):
+            outs[cap] = run_dps(args, sorted=sorted_)
+    for cap in (8, 4, 2, 1):
+        np.testing.assert_array_equal(outs[cap], outs[16], err_msg=f"max_select_cluster={cap}")
+    assert_valid_topk(outs[16], batch, sorted=sorted_)
+
+
+def test_options_round_trip_and_restore():
+    assert cuda_options() == DEFAULTS
+    previous = set_cuda_options(fused=False, max_select_cluster=4)
+    assert previous == DEFAULTS
+    assert cuda_options() == {"fused": False, "pdl": True, "max_select_cluster": 4}
+    set_cuda_options(**previous)
+    with pytest.raises(RuntimeError, match="inside"):
+        with using_cuda_options(pdl=False):
+            assert cuda_options()["pdl"] is False
+            raise RuntimeError("inside")
+    assert cuda_options() == DEFAULTS
+
+
+@pytest.mark.parametrize("options, error, match", [
+    ({"max_select_cluster": 3}, ValueError, "max_select_cluster must be 1, 2, 4, 8 or 16, got 3"),
+    ({"max_select_cluster": 32}, ValueError, "max_select_cluster must be 1, 2, 4, 8 or 16, got 32"),
+    ({"fused": "yes"}, TypeError, "fused must be True, False or None"),
+    ({"pdl": 1}, TypeError, "pdl must be True, False or None"),
+])
+def test_bad_option_is_a_clear_error_and_changes_nothing(options, error, match):
+    with pytest.raises(error, match=match):
+        set_cuda_options(fused=False, **options) if "fused" not in options else set_cuda_options(**options)
+    assert cuda_options() == DEFAULTS
