@@ -11,6 +11,7 @@
 #   queries   benchmarks/bench_queries.py (N queries per row, 32 heads) -> $OUT/queries.{log,json}
 #   counters  benchmarks/kernel_counters.py, N = 1 then N = 2      -> $OUT/counters.log
 #   fuzz      benchmarks/fuzz.py ${FUZZ_ARGS:---device cuda --calls 10000}  -> $OUT/fuzz.log
+#   sharded   several GPUs: their tests, bench_sharded_jax and bench_torch_ranks -> $OUT/sharded_*
 #   chain     the production chain side by side (.chain/run.sh ${CHAIN_ARGS:---mtp}; carry .chain,
 #             a copy of ../shared/chain)                          -> $OUT/chain.log
 #
@@ -203,14 +204,39 @@ step_chain() {
   return $rc
 }
 
+# Several GPUs (a multi-GPU kind): the tests that need 2 or more GPUs, then the data-parallel
+# tables of JAX (bench_sharded_jax, N = 1 and 2, and N = 1 with XLA's command buffers off) and of
+# torch with one process per GPU (bench_torch_ranks).
+step_sharded() {
+  local rc=0 gpus
+  gpus=$(nvidia-smi -L | wc -l)
+  echo "sharded: $gpus GPUs"
+  set -o pipefail
+  python3 -m pytest -q -rs tests/test_sharded_jax.py tests/test_sharded_torch.py -k "gpu or rank" 2>&1 \
+      | tail -15 | tee "$OUT/sharded_tests.log" || rc=1
+  python3 -m pytest -q -rs tests/test_cuda.py -k "two_gpus or second_gpu" 2>&1 | tail -5 | tee -a "$OUT/sharded_tests.log" \
+      || rc=1
+  set +o pipefail
+  for n in 1 2; do
+    python3 -m ffi_dsa.integration.bench_sharded_jax --platform gpu --queries $n \
+        ${SHARDED_JAX_ARGS:-} --json "$OUT/sharded_jax_n$n.json" 2>&1 | grep -v Warning || rc=1
+  done
+  XLA_FLAGS=--xla_gpu_enable_command_buffer= python3 -m ffi_dsa.integration.bench_sharded_jax --platform gpu \
+      --split-batch 0 --timeline ${SHARDED_JAX_ARGS:-} --json "$OUT/sharded_jax_n1_no_command_buffers.json" 2>&1 \
+      | grep -v Warning || rc=1
+  python3 -m ffi_dsa.integration.bench_torch_ranks --world-sizes 1,2,4 --queries 1,2 --fixed-batch 128 \
+      ${SHARDED_TORCH_ARGS:-} --json "$OUT/sharded_torch.json" 2>&1 || rc=1
+  return $rc
+}
+
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(all)
 EXPANDED=()
 for s in "${STEPS[@]}"; do
   case "$s" in
     all) EXPANDED+=(build test sanitize bench) ;;
-    build|test|sanitize|bench|queries|counters|fuzz|chain) EXPANDED+=("$s") ;;
-    *) echo "usage: bash benchmarks/device_run.sh [build|test|sanitize|bench|queries|counters|fuzz|chain|all]..."; exit 2 ;;
+    build|test|sanitize|bench|queries|counters|fuzz|chain|sharded) EXPANDED+=("$s") ;;
+    *) echo "usage: bash benchmarks/device_run.sh [build|test|sanitize|bench|queries|counters|fuzz|chain|sharded|all]..."; exit 2 ;;
   esac
 done
 

@@ -50,14 +50,16 @@ def register(platform: str) -> None:
     with _lock:
         if platform in _registered:
             return
-        fn = _ffi_api.topk_indexer_for("cpu" if platform == "cpu" else "cuda")
+        gpu = platform != "cpu"
+        fn = _ffi_api.topk_indexer_for("cuda" if gpu else "cpu")
+        # On the GPU the call's scratch is XLA's: a last output sized by the CPU module's
+        # workspace_bytes (the bound the launch itself uses), from which jax-tvm-ffi serves the
+        # kernel's allocation. The call then allocates nothing and syncs nothing, so XLA may record
+        # it in a command buffer (a CUDA graph) with the kernels around it, instead of the host
+        # launching every kernel of a jitted step one by one.
         jax_tvm_ffi.register_ffi_target(
             TARGET, fn, ["args", "rets", "attrs.sorted"], platform=platform,
-            # Not marked command-buffer compatible: for long rows the CUDA path takes a scratch
-            # buffer with cudaMallocAsync on XLA's stream (no allocator is offered to it here), and
-            # a captured graph holding memory nodes cannot become a child node of XLA's command
-            # buffer. Revisit if the kernel gets an XLA-provided workspace.
-            allow_cuda_graph=False,
+            allow_cuda_graph=gpu, use_last_output_for_alloc_workspace=gpu,
         )
         _registered.add(platform)
 
@@ -90,17 +92,30 @@ def check_shapes(shapes: tuple, dtypes: tuple, topk: int) -> None:
     args = []
     for name, shape, dtype in zip(ARG_NAMES, shapes, dtypes):  # (the inputs: zip stops before the output)
         args += [shape, _dtype_arg(name, dtype)]
-    _ffi_api.cpu_module()["check_shapes"](*args, output_shape(shapes[0], topk), tvm_ffi.dtype("int32"))
+    _ffi_api.cpu().check_shapes(*args, output_shape(shapes[0], topk), tvm_ffi.dtype("int32"))
+
+
+def workspace_bytes(q_shape, block_table_shape) -> int:
+    """Bytes of XLA scratch a GPU call of these (local) shapes takes: the CPU module's
+    workspace_bytes, from cuda/include/ffi_dsa/workspace_bytes.h."""
+    query_rows = q_shape[0] * (q_shape[1] if len(q_shape) == 4 else 1)
+    return int(_ffi_api.cpu().workspace_bytes(int(query_rows), int(block_table_shape[1])))
 
 
 def _ffi_topk(q, k_cache, weights, seq_lens, block_table, *, topk: int, sorted: bool):
-    call = jax.ffi.ffi_call(
-        TARGET,
-        jax.ShapeDtypeStruct(output_shape(q.shape, topk), jnp.int32),
-        # Only reached if the raw primitive is vmapped outside the custom_vmap rule below.
-        vmap_method="sequential",
-    )
-    return call(q, k_cache, weights, seq_lens, block_table, sorted=bool(sorted))
+    args = (q, k_cache, weights, seq_lens, block_table)
+    out = jax.ShapeDtypeStruct(output_shape(q.shape, topk), jnp.int32)
+    # Only reached if the raw primitive is vmapped outside the custom_vmap rule below.
+    vmap_method = "sequential"
+
+    def on_cpu(*a):
+        return jax.ffi.ffi_call(TARGET, out, vmap_method=vmap_method)(*a, sorted=bool(sorted))
+
+    def on_gpu(*a):
+        scratch = jax.ShapeDtypeStruct((max(1, workspace_bytes(q.shape, block_table.shape)),), jnp.uint8)
+        return jax.ffi.ffi_call(TARGET, (out, scratch), vmap_method=vmap_method)(*a, sorted=bool(sorted))[0]
+
+    return jax.lax.platform_dependent(*args, cpu=on_cpu, default=on_gpu)
 
 
 @functools.cache
@@ -180,4 +195,4 @@ def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT
     return _batched_op(topk, bool(sorted))(*args)
 
 
-__all__ = ["topk_indexer", "register", "check_shapes", "TARGET"]
+__all__ = ["topk_indexer", "register", "check_shapes", "workspace_bytes", "TARGET"]

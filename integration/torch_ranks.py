@@ -15,7 +15,8 @@ the single-process call's bytes on the same device type. With N query tokens per
 
 Here every rank builds the same pool and takes its rows out of it; the all-gather to rank 0 exists
 only to check the result against the single-process call (a serving engine keeps each rank's ids
-on that rank, for its sparse attention). Backends: gloo on the CPU, NCCL on CUDA.
+on that rank, for its sparse attention). Backends: gloo on the CPU, NCCL on CUDA. The rows per
+second of this layout over 1, 2, 4 GPUs: integration/bench_torch_ranks.py.
 """
 
 from __future__ import annotations
@@ -58,6 +59,32 @@ def rank_batch(batch_size: int, seed: int, queries: int | None = None, heads: in
     return make_batch(batch_lens(batch_size, seed), seed=seed, spare_pages=3, queries=queries, heads=heads)
 
 
+BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+
+
+def start_rank(rank: int, world: int, init_file: str, device_type: str) -> torch.device:
+    """Join the process group (gloo on the CPU, NCCL on CUDA) and take this rank's device."""
+    dist.init_process_group(BACKENDS[device_type], init_method=f"file://{init_file}", rank=rank, world_size=world)
+    return rank_device(rank, device_type)
+
+
+def barrier(device: torch.device) -> None:
+    """Every rank gets here before any goes on, with its device idle: a phase timed next then
+    starts on every GPU at once, so concurrent GPUs are measured concurrently."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        dist.barrier(device_ids=[device.index])
+        torch.cuda.synchronize(device)
+    else:
+        dist.barrier()
+
+
+def spawn_ranks(fn, world: int, *args) -> None:
+    """``fn(rank, world, init_file, *args)`` in `world` processes (a rank's exception is raised here)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(fn, args=(world, str(Path(tmp) / "init"), *args), nprocs=world, join=True)
+
+
 def rank_device(rank: int, device_type: str) -> torch.device:
     if device_type == "cuda":
         device = torch.device("cuda", rank)
@@ -87,10 +114,8 @@ def gather_rows(local: torch.Tensor, batch_size: int, world: int) -> torch.Tenso
 
 def run_rank(rank: int, world: int, init_file: str, device_type: str, batch_sizes, seed: int, topk: int,
              out_path: str | None, queries: int | None = None, heads: int = NUM_HEADS) -> None:
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", init_method=f"file://{init_file}",
-                            rank=rank, world_size=world)
+    device = start_rank(rank, world, init_file, device_type)
     try:
-        device = rank_device(rank, device_type)
         results = {}
         for i, batch_size in enumerate(batch_sizes):
             batch = rank_batch(batch_size, seed + i, queries, heads)
@@ -112,9 +137,7 @@ def single_process(batch_size: int, seed: int, topk: int, device="cpu", queries:
 def run(world: int, device_type: str, batch_sizes, seed: int, topk: int, out_path: str,
         queries: int | None = None, heads: int = NUM_HEADS) -> None:
     """Spawn `world` ranks; rank 0 writes every batch size's gathered ids to `out_path` (.npz)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(run_rank, args=(world, str(Path(tmp) / "init"), device_type, tuple(batch_sizes), seed, topk,
-                                 out_path, queries, heads), nprocs=world, join=True)
+    spawn_ranks(run_rank, world, device_type, tuple(batch_sizes), seed, topk, out_path, queries, heads)
 
 
 def main(argv=None) -> int:

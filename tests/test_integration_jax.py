@@ -7,6 +7,7 @@ with ``ffi_dsa.check_topk``. GPU cases need a JAX CUDA backend and carry ``@pyte
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -98,6 +99,14 @@ def test_inside_a_larger_jit(platform):
     np.testing.assert_array_equal(np.asarray(count), np.minimum(batch.seq_lens, K))
 
 
+def launches(jaxpr: str) -> int:
+    """Kernel calls in a jaxpr: it holds each call once per platform branch (the GPU form takes an
+    XLA scratch output, the CPU form none; jax_ffi._ffi_topk), so count the CPU form's."""
+    cpu_form = re.findall(r"\bi32\[[\d,]*\] = ffi_call\[", jaxpr)
+    assert len(cpu_form) * 2 == jaxpr.count("ffi_call["), jaxpr
+    return len(cpu_form)
+
+
 def test_vmap_with_shared_cache_folds_into_the_batch(platform):
     """Two requests of 4 rows sharing one page pool: one launch of 8 rows, same bytes as 2 calls."""
     a = make_batch(LENS, seed=5, spare_pages=3)
@@ -105,7 +114,7 @@ def test_vmap_with_shared_cache_folds_into_the_batch(platform):
     qs, ws, ss, bts = (jnp.stack([x, x[::-1]]) for x in (q, w, s, bt))
     fn = jax.jit(jax.vmap(lambda q_, w_, s_, t_: jax_ffi.topk_indexer(q_, k, w_, s_, t_, topk=K)))
     jaxpr = str(jax.make_jaxpr(fn)(qs, ws, ss, bts))
-    assert jaxpr.count("ffi_call[") == 1 and "i32[8,16] = ffi_call" in jaxpr
+    assert launches(jaxpr) == 1 and "i32[8,16] = ffi_call" in jaxpr
     assert "while[" not in jaxpr and "scan[" not in jaxpr
     got = np.asarray(fn(qs, ws, ss, bts))
     assert got.shape == (2, 4, K)
@@ -220,7 +229,7 @@ def test_mtp_vmap_with_shared_cache_folds_into_the_batch(platform, form, weights
     fn = jax.jit(jax.vmap(lambda q_, w_, s_, t_: jax_ffi.topk_indexer(q_, k, w_, s_, t_, topk=K)))
     jaxpr = str(jax.make_jaxpr(fn)(qs, ws, ss, bts))
     rows, n = 2 * len(batch.seq_lens), form.queries
-    assert jaxpr.count("ffi_call[") == 1 and f"i32[{rows},{n},{K}] = ffi_call" in jaxpr, jaxpr
+    assert launches(jaxpr) == 1 and f"i32[{rows},{n},{K}] = ffi_call" in jaxpr, jaxpr
     got = np.asarray(fn(qs, ws, ss, bts))
     assert got.shape == (2, *batch.output_shape(K))
     want = torch_platform_result(batch, platform)

@@ -52,7 +52,9 @@ GPUS = _jax_gpus()
 MTP_FORMS = [Form(2, NUM_HEADS), Form(MAX_QUERIES, NUM_HEADS_NARROW, per_query_lens=True)]
 COLLECTIVE = re.compile(r"= (\w+\[[\d,]*\])\S* (all-gather|all-to-all|collective-permute|all-reduce|reduce-scatter)"
                         r"(-start)?\(")
-LOCAL_CALL = re.compile(r"= (s32\[[\d,]*\])\S* custom-call\([^\n]*custom_call_target=\"" + jax_ffi.TARGET)
+# (on the GPU the call also returns its XLA scratch: "(s32[4,16]{1,0}, u8[1024]{0}) custom-call(")
+LOCAL_CALL = re.compile(r"= \(?(s32\[[\d,]*\])\S*?(?:, u8\[\d+\]\S*\))? custom-call\([^\n]*custom_call_target=\""
+                        + jax_ffi.TARGET)
 jitted = jax.jit(jax_ffi.topk_indexer, static_argnames=("topk", "sorted"))
 
 
@@ -156,13 +158,18 @@ def test_sharding_rule_shares_b_only_among_dims_of_size_b():
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(len(GPUS) < 2, reason="needs 2 JAX GPUs")
+@pytest.mark.parametrize("gpus", [2, 4], ids=["two_gpus", "four_gpus"])
 @pytest.mark.parametrize("how", ["jit", "shard_map"])
-def test_two_gpus_one_local_call_each(how):
-    """The CPU cases' core on a mesh of 2 GPUs: 4 rows per GPU, no collective, the bytes of
-    ffi_dsa.call on one GPU."""
-    batch = make_batch(lens(8, 11), seed=11)
-    mesh = mesh_of((2,), ("x",), GPUS)
+@pytest.mark.parametrize("form", [None, Form(2, NUM_HEADS)], ids=["N1", "N2"])
+def test_gpus_one_local_call_each(gpus, how, form):
+    """The CPU cases' core on a mesh of 2 or 4 GPUs (skipped where the machine has fewer): 4 rows per
+    GPU, no collective, the bytes of ffi_dsa.call on one GPU; also with N = 2 query tokens per row.
+    On the GPU the call also takes its XLA scratch output (jax_ffi._ffi_topk)."""
+    if len(GPUS) < gpus:
+        pytest.skip(f"needs {gpus} JAX GPUs, found {len(GPUS)}")
+    rows = 4 * gpus
+    batch = make_batch(lens(rows, 11), seed=11) if form is None else mtp_batch(form, lens(rows, 11), seed=11)
+    mesh = mesh_of((gpus,), ("x",), GPUS)
     args = put(mesh, jax_args(batch), batch_specs())
     if how == "jit":
         fn = jax.jit(lambda *a: jax_ffi.topk_indexer(*a, topk=K))
@@ -171,7 +178,9 @@ def test_two_gpus_one_local_call_each(how):
                                    in_specs=tuple(batch_specs()), out_specs=P("x")))
     text = hlo(fn, *args)
     assert collectives(text) == []
-    assert local_calls(text) == [f"s32[4,{K}]"]
+    local_shape = "4," + (f"{K}" if form is None else f"{form.queries},{K}")
+    assert local_calls(text) == [f"s32[{local_shape}]"]
+    assert "u8[" in text.split("custom_call_target=\"" + jax_ffi.TARGET)[0].rsplit("\n", 1)[-1]  # its scratch
     np.testing.assert_array_equal(np.asarray(fn(*args)), call_result(batch, K, device="cuda"))
 
 
