@@ -19,6 +19,14 @@ gathered once for all its queries). The summary counts tokens scored: each query
 prefix.
 
     python -m ffi_dsa.benchmarks.fuzz --device cuda --calls 10000      (benchmarks/fuzz.py in a checkout)
+
+``--prefill`` fuzzes the prefill op instead (docs/contract.md, prefill; CPU only, as its kernel is): a
+chunk of 0-4 requests of random and edge lengths, each with some of its last tokens as causal query
+rows, keys gathered back to back with spare keys after them, H 64 or 32, K, order and ids
+("relative"/"absolute") drawn per call, ks/ke entries the kernel must clamp (ks < 0, ke > N, ks >= ke),
+special scales and NaN weights, exact data about half the time, as above.
+
+    python -m ffi_dsa.benchmarks.fuzz --device cpu --prefill --calls 2000
 """
 
 from __future__ import annotations
@@ -141,12 +149,12 @@ def draw_table(rng, longest: np.ndarray) -> np.ndarray:
     return table
 
 
-def draw_queries(rng, pool: Pool, batch: int, queries: int, heads: int):
-    """q [B, N, H, 128] as fp8 bytes and weights [B, N, H] for the pool's kind of data."""
+def draw_queries(rng, exact: bool, batch: int, queries: int, heads: int):
+    """q [B, N, H, 128] as fp8 bytes and weights [B, N, H] for exact data or random data."""
     import ml_dtypes
 
     shape = (batch, queries, heads)
-    if pool.exact:
+    if exact:
         q = rng.choice(np.array([0.0, 1.0, 2.0], np.float32), size=(*shape, HEAD_DIM))
         q[..., 4:] = 0.0
         weights = rng.choice(np.array([-1.0, 1.0, 2.0], np.float32), size=shape)
@@ -186,7 +194,7 @@ def draw_call(rng, pools):
         row_lens = np.minimum(row_lens, 1200 // queries)  # keep the reference's work per call bounded
     table = draw_table(rng, row_lens)
     seq_lens = draw_seq_lens(rng, row_lens, queries, topk, bool(rng.random() < 0.5), table.shape[1] * PAGE_TOKENS)
-    q8, weights = draw_queries(rng, pool, batch, queries, heads)
+    q8, weights = draw_queries(rng, pool.exact, batch, queries, heads)
     if queries == 1 and rng.random() < 0.5:
         q8 = q8[:, 0]  # the rank-3 form
     if rng.random() < 0.5:
@@ -298,6 +306,107 @@ def calls_and_outputs(rng, runner: Runner, count: int, deadline: float):
         yield about, (pool.exact, (args[0], None, *args[2:]), topk, sorted_, got, again)
 
 
+# ----------------------------------------------------------------------------------------------
+# Prefill (--prefill): each call draws its own chunk, small enough for the float64 reference.
+# ----------------------------------------------------------------------------------------------
+
+PREFILL_ROW_KEYS = 400_000  # keys scored over a call's rows, at most: bounds the reference's work
+
+
+def draw_chunk_lengths(rng, topk: int) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, query rows) of each request of a chunk: random and edge lengths, a few of each
+    request's last tokens (a later chunk), all of them, or none."""
+    requests = int(rng.integers(0, 5))
+    lens = np.array([rng.choice(EDGE_LENGTHS + [topk - 1, topk, topk + 1]) if rng.random() < 0.4
+                     else rng.integers(0, 3000) for _ in range(requests)], np.int64)
+    lens = np.clip(lens, 0, None)
+    queries = np.array([n if rng.random() < 0.3 and n <= 300 else rng.integers(0, min(n, 64) + 1) for n in lens],
+                       np.int64)
+    while (queries * lens).sum() > PREFILL_ROW_KEYS:  # keep the reference's work per call bounded
+        queries //= 2
+    return lens, queries
+
+
+def draw_prefill_keys(rng, num_keys: int, exact: bool):
+    """k [N, 128] fp8 bytes and k_scale [N]: small integers and unit scales (exact), or random keys
+    with random scales sprinkled with NaN, +-inf, negatives, +-0 and values beyond 2^64."""
+    import ml_dtypes
+
+    if exact:
+        k = rng.choice(np.array([-1.0, 0.0, 0.0, 1.0, 2.0], np.float32), size=(num_keys, HEAD_DIM))
+        k[:, 4:] = 0.0
+        return k.astype(ml_dtypes.float8_e4m3fn).view(np.uint8), np.ones(num_keys, np.float32)
+    k = rng.standard_normal((num_keys, HEAD_DIM), dtype=np.float32).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    scale = rng.uniform(0.5, 1.5, size=num_keys).astype(np.float32)
+    if num_keys and rng.random() < 0.3:
+        special = np.array([np.nan, np.inf, -np.inf, -0.7, 0.0, -0.0, 3e19], np.float32)
+        where = rng.integers(0, num_keys, size=min(num_keys, 8))
+        scale[where] = rng.choice(special, size=len(where))
+    return k, scale
+
+
+def draw_prefill_ranges(rng, lens: np.ndarray, queries: np.ndarray, num_keys: int):
+    """Causal ks/ke of the chunk's rows, with now and then an entry the kernel clamps."""
+    from ffi_dsa.prefill_workloads import causal_ranges
+
+    ks, ke = causal_ranges(lens, queries)
+    if ks.size and rng.random() < 0.15:
+        i = rng.integers(0, ks.size, size=3)
+        ks[i[0]] = -int(rng.integers(1, 50))                         # counts as 0
+        ke[i[1]] = num_keys + int(rng.integers(1, 50))               # cut to N
+        ks[i[2]], ke[i[2]] = ke[i[2]], ks[i[2]]                      # ks >= ke: empty
+    return ks, ke
+
+
+def draw_prefill_call(rng):
+    exact = bool(rng.random() < 0.5)
+    topk = int(rng.choice(TOPKS)) if rng.random() < 0.8 else int(rng.integers(1, 2049))
+    heads = int(rng.choice(SUPPORTED_HEADS))
+    lens, queries = draw_chunk_lengths(rng, topk)
+    num_keys = int(lens.sum()) + int(rng.choice([0, 0, 1, 63, 200]))  # spare keys no row sees
+    k, k_scale = draw_prefill_keys(rng, num_keys, exact)
+    ks, ke = draw_prefill_ranges(rng, lens, queries, num_keys)
+    q8, weights = draw_queries(rng, exact, len(ks), 1, heads)
+    args = (q8[:, 0], k, k_scale, weights[:, 0], ks, ke)
+    ids = "absolute" if rng.random() < 0.5 else "relative"
+    return exact, args, topk, bool(rng.random() < 0.4), ids
+
+
+def prefill_verdict(task) -> list[str]:
+    """The problems of one prefill call's outputs (runs in a checking process)."""
+    exact, args, topk, sorted_, ids, got, again = task
+    problems = []
+    if np.any(got == Runner.SENTINEL):
+        problems.append("output not fully written")
+    if not np.array_equal(got, again):
+        problems.append("a repeated call gave other bytes")
+    rows = ffi_dsa.reference_prefill_scores(*args, ids=ids)
+    if exact:
+        bad = np.nonzero(np.any(got != select_rows(rows, topk, sorted_), axis=1))[0]
+        if bad.size:
+            problems.append(f"exact data: rows {bad[:5].tolist()} differ from the reference's choice")
+    else:
+        problems += ffi_dsa.check_prefill_topk(got, *args, sorted=sorted_, ids=ids, rows=rows)
+    return problems
+
+
+def prefill_calls_and_outputs(rng, count: int, deadline: float):
+    """(description, task) of each prefill call, run on the CPU twice into poisoned outputs."""
+    for i in range(count):
+        if deadline and time.perf_counter() > deadline:
+            return
+        exact, args, topk, sorted_, ids = draw_prefill_call(rng)
+        outs = []
+        for _ in range(2):
+            outs.append(np.full((len(args[0]), topk), Runner.SENTINEL, np.int32))
+            ffi_dsa.prefill_topk_indexer(*args, outs[-1], sorted=sorted_, ids=ids)
+        ks, ke = args[4], args[5]
+        seen = int(np.clip(np.minimum(ke, len(args[1])) - np.maximum(ks, 0), 0, None).sum())
+        about = (f"prefill call {i}: M={len(ks)} N={len(args[1])} H={args[0].shape[1]} K={topk} sorted={sorted_} "
+                 f"ids={ids} exact={exact} ks={ks[:6].tolist()} ke={ke[:6].tolist()}", seen)
+        yield about, (exact, args, topk, sorted_, ids, *outs)
+
+
 def main(argv=None) -> int:
     import multiprocessing
 
@@ -308,17 +417,23 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--minutes", type=float, default=0.0, help="stop after this long (0: no limit)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes checking outputs")
+    parser.add_argument("--prefill", action="store_true", help="fuzz the prefill op (CPU only) instead of decode")
     a = parser.parse_args(argv)
+    if a.prefill and a.device != "cpu":
+        parser.error("--prefill runs on the CPU only (--device cpu): there is no CUDA prefill kernel yet")
     rng = np.random.default_rng(a.seed)
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # inf - inf in the checks of inf scores
     start = time.perf_counter()
-    _POOLS = (Pool(rng, exact=False), Pool(rng, exact=True))
+    if not a.prefill:
+        _POOLS = (Pool(rng, exact=False), Pool(rng, exact=True))
     # The checking processes fork before the device is touched, sharing the decoded pools.
     workers = multiprocessing.get_context("fork").Pool(max(1, a.workers))
-    runner = Runner(a.device)
     deadline = start + 60 * a.minutes if a.minutes else 0.0
     failures = calls = tokens = 0
-    stream = calls_and_outputs(rng, runner, a.calls, deadline)
+    if a.prefill:
+        stream, check = prefill_calls_and_outputs(rng, a.calls, deadline), prefill_verdict
+    else:
+        stream, check = calls_and_outputs(rng, Runner(a.device), a.calls, deadline), verdict
     abouts = []
 
     def tasks():
@@ -326,7 +441,7 @@ def main(argv=None) -> int:
             abouts.append(about)
             yield task
 
-    for problems in workers.imap(verdict, tasks(), chunksize=4):
+    for problems in workers.imap(check, tasks(), chunksize=4):
         about, n_tokens = abouts[calls]
         calls += 1
         tokens += n_tokens
@@ -336,7 +451,8 @@ def main(argv=None) -> int:
         if calls % 500 == 0:
             print(f"fuzz: {calls} calls, {failures} failing, {time.perf_counter() - start:.0f} s", flush=True)
     workers.close()
-    print(f"fuzz ({a.device}, seed {a.seed}): {calls} calls, {tokens} tokens, {failures} failing, "
+    op = "prefill, " if a.prefill else ""
+    print(f"fuzz ({op}{a.device}, seed {a.seed}): {calls} calls, {tokens} tokens, {failures} failing, "
           f"{time.perf_counter() - start:.0f} s")
     return 1 if failures else 0
 

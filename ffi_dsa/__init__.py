@@ -30,7 +30,9 @@ _API_MODULES = {
     "api": ("call", "topk_indexer", "validate_pages"),
     "cpu_options": ("cpu_kernel", "cpu_kernels", "set_cpu_kernel", "set_cpu_threads"),
     "kv_cache": ("pack_k_cache", "unpack_k_cache"),
+    "prefill": ("prefill_topk", "prefill_topk_indexer", "validate_prefill"),
     "reference": ("check_topk", "reference", "reference_scores"),
+    "reference_prefill": ("check_prefill_topk", "reference_prefill", "reference_prefill_scores"),
 }
 _API = {name: module for module, names in _API_MODULES.items() for name in names}
 
@@ -59,15 +61,19 @@ if not _started_as_command():
     from .api import call, topk_indexer, validate_pages
     from .cpu_options import cpu_kernel, cpu_kernels, set_cpu_kernel, set_cpu_threads
     from .kv_cache import pack_k_cache, unpack_k_cache
+    from .prefill import prefill_topk, prefill_topk_indexer, validate_prefill
     from .reference import check_topk, reference, reference_scores
+    from .reference_prefill import check_prefill_topk, reference_prefill, reference_prefill_scores
 
-    # torch.ops.dsa.topk_indexer / topk_indexer_out exist whenever torch is importable.
+    # torch.ops.dsa.topk_indexer / topk_indexer_out (and the prefill_topk_indexer pair) exist
+    # whenever torch is importable.
     try:
         import torch as _torch  # noqa: F401
     except ImportError:
         pass
     else:
         from .integration import torch_op as _torch_op  # noqa: F401
+        from .integration import torch_prefill_op as _torch_prefill_op  # noqa: F401
 
 __version__ = "0.1.0"
 __all__ = [
@@ -79,6 +85,12 @@ __all__ = [
     "reference",
     "reference_scores",
     "check_topk",
+    "prefill_topk_indexer",
+    "prefill_topk",
+    "validate_prefill",
+    "reference_prefill",
+    "reference_prefill_scores",
+    "check_prefill_topk",
     "NativeBuildError",
     "set_cpu_kernel",
     "cpu_kernel",

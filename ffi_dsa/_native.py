@@ -33,6 +33,10 @@ class CpuFunctions(NamedTuple):
     set_cpu_threads: Callable[[int], None]
     # (query rows B * N, max_pages) -> bytes of scratch a CUDA call may take (workspace_bytes.h)
     workspace_bytes: Callable[[int, int], int]
+    # (q, k, k_scale, weights, ks, ke, topk_indices, sorted, absolute_ids): docs/contract.md §8
+    prefill_topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]
+    # validate_prefill.h's checks on (shape, dtype) pairs of the seven arguments, for JAX's trace time
+    prefill_check_shapes: Callable[..., None]
 
 
 class CudaFunctions(NamedTuple):
@@ -54,6 +58,8 @@ SCHEMAS = {
         "cpu_kernels": "Callable[[], Array[str]]",
         "set_cpu_threads": "Callable[[int], None]",
         "workspace_bytes": "Callable[[int, int], int]",
+        "prefill_topk_indexer": "Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]",
+        "prefill_check_shapes": "Callable[[" + ", ".join(["Array[int], dtype"] * 7) + "], None]",
     },
     CudaFunctions: {
         "topk_indexer": _INDEXER,

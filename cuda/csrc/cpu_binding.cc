@@ -10,7 +10,9 @@
 #include <string>
 
 #include "ffi_dsa/cpu/indexer_cpu.h"
+#include "ffi_dsa/cpu/prefill_cpu.h"
 #include "ffi_dsa/validate.h"
+#include "ffi_dsa/validate_prefill.h"
 #include "ffi_dsa/workspace_bytes.h"
 
 namespace {
@@ -94,6 +96,26 @@ void SetCpuThreads(int64_t threads) {
   cpu::RequestedCpuThreads().store(static_cast<int>(std::min<int64_t>(threads, INT32_MAX)));
 }
 
+// Prefill (docs/contract.md §8): a chunk of query rows over a contiguous key buffer.
+void PrefillTopkIndexerCpu(TensorView q, TensorView k, TensorView k_scale, TensorView weights, TensorView ks,
+                           TensorView ke, TensorView topk_indices, bool sorted_by_score, bool absolute_ids) {
+  const ffi_dsa::PrefillArgs args =
+      ffi_dsa::CheckPrefillArgs(q, k, k_scale, weights, ks, ke, topk_indices, kDLCPU);
+  cpu::RunPrefillCpu(args, sorted_by_score, absolute_ids);
+}
+
+// CheckShapes for prefill: the kernel's checks on shapes and dtypes alone, for JAX's trace time.
+void CheckPrefillShapes(Array<int64_t> q, DLDataType q_dtype, Array<int64_t> k, DLDataType k_dtype,
+                        Array<int64_t> k_scale, DLDataType scale_dtype, Array<int64_t> weights, DLDataType w_dtype,
+                        Array<int64_t> ks, DLDataType ks_dtype, Array<int64_t> ke, DLDataType ke_dtype,
+                        Array<int64_t> topk_indices, DLDataType out_dtype) {
+  const auto& names = ffi_dsa::kPrefillArgNames;
+  ffi_dsa::CheckPrefillMeta(Meta(names[0], q, q_dtype), Meta(names[1], k, k_dtype),
+                            Meta(names[2], k_scale, scale_dtype), Meta(names[3], weights, w_dtype),
+                            Meta(names[4], ks, ks_dtype), Meta(names[5], ke, ke_dtype),
+                            Meta(names[6], topk_indices, out_dtype));
+}
+
 }  // namespace
 
 // DPS: (inputs..., output, scalar attrs) with no Optional arguments, the shape JAX's FFI needs.
@@ -107,3 +129,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(cpu_kernel, CpuKernelInEffect);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cpu_kernels, CpuKernels);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(set_cpu_threads, SetCpuThreads);
 
+// DPS like topk_indexer: (inputs..., output, scalar attrs); absolute_ids is ids="absolute".
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(prefill_topk_indexer, PrefillTopkIndexerCpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(prefill_check_shapes, CheckPrefillShapes);

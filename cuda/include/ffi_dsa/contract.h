@@ -40,6 +40,15 @@ FFI_DSA_CONTRACT_HD int64_t VisibleTokens(int32_t seq_len_entry, int j, int quer
   return ClampLength(seen, max_pages);
 }
 
+// docs/contract.md (prefill): query row i sees keys [ks[i], ke[i]) of k's N rows, with ks < 0 counting
+// as 0 and ke > N cut to N; what is left empty (ks >= ke) is a row without candidates. Its ids are
+// positions relative to the clamped start (ids="relative") or the keys' own rows (ids="absolute").
+FFI_DSA_CONTRACT_HD int64_t PrefillKeyBegin(int32_t ks) { return ks < 0 ? 0 : ks; }
+FFI_DSA_CONTRACT_HD int64_t PrefillKeyCount(int32_t ks, int32_t ke, int64_t num_keys) {
+  const int64_t begin = PrefillKeyBegin(ks), end = ke < num_keys ? int64_t(ke) : num_keys;
+  return end > begin ? end - begin : 0;
+}
+
 // Global id of the token at position t of a row: page * 64 + slot.
 FFI_DSA_CONTRACT_HD int32_t GlobalTokenId(const int32_t* row_table, int64_t t) {
   return static_cast<int32_t>(static_cast<int64_t>(row_table[t / kPageTokens]) * kPageTokens + t % kPageTokens);
