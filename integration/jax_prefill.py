@@ -7,8 +7,11 @@ The CPU module's ``prefill_topk_indexer(q, k, k_scale, weights, ks, ke, topk_ind
 absolute_ids)`` is registered with ``jax_tvm_ffi.register_ffi_target`` as the XLA FFI target
 ``ffi_dsa_prefill_topk_indexer`` (arg spec ``args, rets, attrs.sorted, attrs.absolute_ids``), on
 the CPU only: there is no CUDA prefill kernel yet, so arrays on another platform raise
-NotImplementedError at trace time. ``jax.vmap`` runs the call once per element (XLA's
-"sequential"); splitting rows over a mesh, as jax_sharding.py does for decode, is not done yet.
+NotImplementedError at trace time. ``jax.vmap`` over chunks that share k is one call on their
+rows stacked (element by element when k itself is vmapped). Under a ``jax.jit`` over a mesh, row-sharded q, weights, ks and ke give one local call
+per device on its own rows with k and k_scale replicated, as for decode (jax_sharding.py); a row
+count that does not divide is padded by XLA with empty rows; inside a user's ``jax.shard_map`` the
+call is the local one.
 
 As in jax_ffi.py, shapes and dtypes are checked at trace time by the exported C++
 ``prefill_check_shapes`` (the kernel's own checks), raising ValueError/TypeError naming the argument.
@@ -29,6 +32,7 @@ from ..api import checked_topk
 from ..contract import DEFAULT_TOPK
 from ..prefill import ARG_NAMES, absolute_ids, kernel_for
 from .jax_ffi import _dtype_arg, _platform_of
+from .jax_sharding import batch_partitioned
 
 TARGET = "ffi_dsa_prefill_topk_indexer"
 
@@ -57,12 +61,49 @@ def check_shapes(shapes: tuple, dtypes: tuple, topk: int) -> None:
     _ffi_api.cpu().prefill_check_shapes(*args, (rows, topk), tvm_ffi.dtype("int32"))
 
 
+# Positions of the per-row operands among (q, k, k_scale, weights, ks, ke): a mesh splits these by
+# rows and replicates k and k_scale, so each device runs the call on its own query rows.
+ROW_ARGS = (0, 3, 4, 5)
+
+
+def _rows_emptied(args, valid):
+    """The operands with the rows where `valid` is False made empty (ks = ke = 0: all -1, no work)."""
+    q, k, k_scale, weights, ks, ke = args
+    return q, k, k_scale, weights, jnp.where(valid, ks, 0).astype(ks.dtype), jnp.where(valid, ke, 0).astype(ke.dtype)
+
+
 @functools.cache
 def _op(topk: int, sorted: bool, absolute: bool):
-    def op(q, k, k_scale, weights, ks, ke):
+    def local(q, k, k_scale, weights, ks, ke):
         out = jax.ShapeDtypeStruct((q.shape[0], topk), jnp.int32)
         call = jax.ffi.ffi_call(TARGET, out, vmap_method="sequential")
         return call(q, k, k_scale, weights, ks, ke, sorted=sorted, absolute_ids=absolute)
+
+    # Under a jit over several devices, one local call per device on its rows (jax_sharding.py); on
+    # one device this is the plain call.
+    partitioned = batch_partitioned(local, ROW_ARGS, _rows_emptied)
+
+    @jax.custom_batching.custom_vmap
+    def op(q, k, k_scale, weights, ks, ke):
+        return partitioned(q, k, k_scale, weights, ks, ke)
+
+    @op.def_vmap
+    def _rule(axis_size, in_batched, *args):
+        # Rows are independent and read only k: over a shared k the vmapped chunks are one call on
+        # their rows stacked; a vmapped k (a key buffer per element) runs element by element.
+        def lead(x, batched):
+            return x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
+
+        if in_batched[1] or in_batched[2]:
+            full = tuple(lead(x, b) for x, b in zip(args, in_batched))
+            return jax.lax.map(lambda a: op(*a), full), True
+        def fold(x, batched):  # [V, M, ...] -> [V * M, ...]
+            x = lead(x, batched)
+            return x.reshape((-1, *x.shape[2:]))
+
+        rows = args[0].shape[1] if in_batched[0] else args[0].shape[0]
+        folded = [fold(x, b) if i in ROW_ARGS else x for i, (x, b) in enumerate(zip(args, in_batched))]
+        return op(*folded).reshape(axis_size, rows, topk), True
 
     # jit: an eager call reuses one compiled executable per shape; inside a caller's jit it inlines.
     return jax.jit(op)

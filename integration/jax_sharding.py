@@ -50,30 +50,35 @@ def _shape(ir_type) -> list[int]:  # the rule callback receives MLIR types, not 
     return list(mlir.ir.RankedTensorType(ir_type).shape)
 
 
-def _sharding_rule(mesh, value_types, result_types):
-    """Einsum-like rule: factor ``b`` is dim 0 of the per-row operands and of the output; every
-    other dimension (the cache's included) is its own factor that must stay replicated. An
-    operand whose dim 0 is not B (a ``[B * N, H]`` weights form) gets no ``b``: the partition
-    then runs the call whole (``_batch_axes``)."""
-    del mesh
-    shapes = [_shape(t) for t in (*value_types, result_types[0])]
-    batch = shapes[0][0] if shapes[0] else None
-    names, replicated = [], []
-    for i, shape in enumerate(shapes):
-        dims = [f"a{i}d{j}" for j in range(len(shape))]
-        if (i in _ROW_ARGS or i == len(value_types)) and dims and shape[0] == batch:
-            dims[0] = "b"
-        replicated += [d for d in dims if d != "b"]
-        names.append(" ".join(dims))
-    rule = f"{', '.join(names[:-1])} -> {names[-1]}"
-    return rule, {"need_replication_factors": tuple(replicated)}
+def _sharding_rule_for(row_args):
+    """Einsum-like rule: factor ``b`` is dim 0 of the per-row operands (positions `row_args`) and of
+    the output; every other dimension (the cache's included) is its own factor that must stay
+    replicated. An operand whose dim 0 is not B (a ``[B * N, H]`` weights form) gets no ``b``: the
+    partition then runs the call whole (``_batch_axes``)."""
+    def rule(mesh, value_types, result_types):
+        del mesh
+        shapes = [_shape(t) for t in (*value_types, result_types[0])]
+        batch = shapes[0][0] if shapes[0] else None
+        names, replicated = [], []
+        for i, shape in enumerate(shapes):
+            dims = [f"a{i}d{j}" for j in range(len(shape))]
+            if (i in row_args or i == len(value_types)) and dims and shape[0] == batch:
+                dims[0] = "b"
+            replicated += [d for d in dims if d != "b"]
+            names.append(" ".join(dims))
+        rule_text = f"{', '.join(names[:-1])} -> {names[-1]}"
+        return rule_text, {"need_replication_factors": tuple(replicated)}
+    return rule
 
 
-def _batch_axes(arg_shapes, result_shape):
+_sharding_rule = _sharding_rule_for(_ROW_ARGS)  # decode's
+
+
+def _batch_axes(arg_shapes, result_shape, row_args=_ROW_ARGS):
     """The mesh axes dim 0 of the batch operands is sharded over (None: replicated), or None when
     an operand's dim 0 is not the batch (such a call is run replicated, whole)."""
     batch = arg_shapes[0].shape[0] if arg_shapes[0].shape else None
-    rows = [arg_shapes[i] for i in _ROW_ARGS] + [result_shape]
+    rows = [arg_shapes[i] for i in row_args] + [result_shape]
     if batch is None or any(not r.shape or r.shape[0] != batch for r in rows):
         return None
     for r in rows:
@@ -87,17 +92,27 @@ def _replicate_rest(mesh, axes, ndim: int, row: bool) -> NamedSharding:
     return NamedSharding(mesh, P(axes if row else None, *([None] * (ndim - 1))))
 
 
-def batch_partitioned(local_call):
-    """``local_call(q, k_cache, weights, seq_lens, block_table)`` wrapped so that XLA's partitioner
-    runs it once per device on that device's rows (module docstring)."""
+def _decode_rows_emptied(args, valid):
+    """Decode's operands with the rows where `valid` is False given length 0 (free, and the
+    kernel never reads whatever page ids they hold)."""
+    q, k_cache, weights, seq_lens, block_table = args
+    valid = valid.reshape(valid.shape[0], *([1] * (seq_lens.ndim - 1)))  # seq_lens [B] or [B, N]
+    return q, k_cache, weights, jnp.where(valid, seq_lens, 0).astype(seq_lens.dtype), block_table
+
+
+def batch_partitioned(local_call, row_args=_ROW_ARGS, empty_rows=_decode_rows_emptied):
+    """``local_call(*operands)`` wrapped so that XLA's partitioner runs it once per device on that
+    device's rows (module docstring). `row_args`: the positions of the per-row operands (the others
+    are replicated); `empty_rows(operands, valid)`: the operands with the rows XLA pads a shard with
+    (`valid` False) made empty, for a batch that does not divide by the shards."""
 
     @custom_partitioning
-    def op(q, k_cache, weights, seq_lens, block_table):
-        return local_call(q, k_cache, weights, seq_lens, block_table)
+    def op(*operands):
+        return local_call(*operands)
 
     def partition(mesh, arg_shapes, result_shape):
-        axes = _batch_axes(arg_shapes, result_shape)
-        arg_shardings = tuple(_replicate_rest(mesh, axes, len(a.shape), i in _ROW_ARGS)
+        axes = _batch_axes(arg_shapes, result_shape, row_args)
+        arg_shardings = tuple(_replicate_rest(mesh, axes, len(a.shape), i in row_args)
                               for i, a in enumerate(arg_shapes))
         out_sharding = _replicate_rest(mesh, axes, len(result_shape.shape), True)
         batch = arg_shapes[0].shape[0]
@@ -107,21 +122,18 @@ def batch_partitioned(local_call):
             return mesh, local_call, out_sharding, arg_shardings
         per_shard = -(-batch // shards)
 
-        def lower(q, k_cache, weights, seq_lens, block_table):
-            # The rows XLA pads the last shards with may hold any values: length 0 makes them free
-            # and keeps the kernel off whatever page ids they hold.
+        def lower(*operands):
+            # The rows XLA pads the last shards with may hold any values: emptied, they cost nothing.
             row = jax.lax.axis_index(names) * per_shard + jnp.arange(per_shard, dtype=jnp.int32)
-            row = row.reshape(per_shard, *([1] * (seq_lens.ndim - 1)))  # seq_lens [B] or [B, N]
-            seq_lens = jnp.where(row < batch, seq_lens, 0).astype(seq_lens.dtype)
-            return local_call(q, k_cache, weights, seq_lens, block_table)
+            return local_call(*empty_rows(operands, row < batch))
 
         return mesh, lower, out_sharding, arg_shardings
 
     def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
-        return _replicate_rest(mesh, _batch_axes(arg_shapes, result_shape), len(result_shape.shape), True)
+        return _replicate_rest(mesh, _batch_axes(arg_shapes, result_shape, row_args), len(result_shape.shape), True)
 
     op.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands,
-                     sharding_rule=_sharding_rule)
+                     sharding_rule=_sharding_rule_for(row_args))
     return op
 
 

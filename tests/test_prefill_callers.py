@@ -1,19 +1,25 @@
 """The prefill op's callers (docs/contract.md, prefill): torch.ops.dsa.prefill_topk_indexer(_out)
-(eager, opcheck, torch.compile) and JAX (ffi_dsa.integration.jax_prefill: eager, jax.jit, vmap).
+(eager, opcheck, torch.compile), JAX (ffi_dsa.integration.jax_prefill: eager, jax.jit, vmap) and
+TVM (ffi_dsa.integration.tvm_relax: the DPS globals, and Relax through R.call_dps_packed; the
+Relax cases skip without apache-tvm).
 Each must give exactly the bytes of ffi_dsa.prefill_topk_indexer on the same inputs, and name
 mistakes before anything is written. CPU only: there is no CUDA prefill kernel yet.
 """
 
 from __future__ import annotations
 
+import functools
+
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
 import torch._dynamo.utils as dynamo_utils
+import tvm_ffi
 
 import ffi_dsa
-from ffi_dsa.contract import NUM_HEADS_NARROW
-from ffi_dsa.integration import torch_prefill_op
+from ffi_dsa.contract import NUM_HEADS, NUM_HEADS_NARROW
+from ffi_dsa.integration import torch_prefill_op, tvm_relax
 from ffi_dsa.prefill_workloads import make_exact_prefill_batch, make_prefill_batch
 
 from conftest import SENTINEL, assert_all_written, poisoned, poisoned_np
@@ -200,6 +206,25 @@ def test_jax_inside_a_larger_jit_and_through_the_package(jax_prefill):
     assert_same(got, batch, sorted=True)
 
 
+def test_jax_vmap_over_chunks_sharing_k_is_one_call(jax_prefill):
+    """Chunks over one key buffer fold into one call on their rows stacked (no loop), same bytes."""
+    import jax
+    import jax.numpy as jnp
+
+    chunk = make_exact_prefill_batch([90, 30], seed=10)
+    q, k, k_scale, weights, ks, ke = jax_args(chunk)
+    flip = lambda x: jnp.stack([x, x[::-1]])  # noqa: E731  (element 1: the rows in reverse order)
+    fn = jax.jit(jax.vmap(lambda q_, w_, a_, b_: jax_prefill.prefill_topk(q_, k, k_scale, w_, a_, b_, topk=K)))
+    args = (flip(q), flip(weights), flip(ks), flip(ke))
+    jaxpr = str(jax.make_jaxpr(fn)(*args))
+    rows = 2 * len(chunk.ks)
+    assert jaxpr.count("ffi_call[") == 1 and f"i32[{rows},{K}] = ffi_call" in jaxpr, jaxpr
+    assert "while[" not in jaxpr and "scan[" not in jaxpr, jaxpr
+    got = np.asarray(fn(*args))
+    assert_same(got[0], chunk)
+    np.testing.assert_array_equal(got[1], got[0][::-1])
+
+
 def test_jax_vmap_runs_each_element(jax_prefill):
     import jax
     import jax.numpy as jnp
@@ -249,3 +274,125 @@ def test_jax_gpu_arrays_raise_not_implemented(jax_prefill):
     args = [jax.device_put(a, gpu) for a in jax_args(make_prefill_batch(*CHUNK_A[:1], queries=CHUNK_A[1], seed=12))]
     with pytest.raises(NotImplementedError, match="CUDA prefill kernel"):
         jax_prefill.prefill_topk(*args, topk=K)
+
+
+# ----------------------------------------------------------------------------------------------
+# TVM: the DPS globals (tvm-ffi only) and Relax R.call_dps_packed (apache-tvm)
+# ----------------------------------------------------------------------------------------------
+
+try:
+    import tvm
+except ImportError:
+    tvm = None
+
+needs_tvm = pytest.mark.skipif(tvm is None, reason="apache-tvm is not installed (pip install ffi-dsa[tvm])")
+
+
+def chunk_with_an_empty_row(lens, queries, seed, **kwargs):
+    """A ragged causal chunk whose row 1 is empty (ks == ke): its output row is all -1."""
+    batch = make_prefill_batch(lens, queries=queries, seed=seed, **kwargs)
+    batch.ke[1] = batch.ks[1]
+    return batch
+
+
+@pytest.mark.parametrize("sorted_,ids", CALLS)
+def test_tvm_global_funcs_are_dps(sorted_, ids):
+    tvm_relax.register_global_funcs()
+    name = tvm_relax.prefill_global_name(sorted_, ids)
+    assert name == "ffi_dsa.prefill_topk_indexer" + "_sorted" * sorted_ + "_absolute" * (ids == "absolute")
+    batch = chunk_with_an_empty_row(*CHUNK_A, seed=20)
+    out = poisoned_np((batch.rows, K))
+    assert tvm_ffi.get_global_func(name)(*batch.args(), out) is None
+    assert (out[1] == -1).all()
+    assert_same(out, batch, sorted=sorted_, ids=ids)
+
+
+def test_tvm_global_func_errors_name_the_argument_and_write_nothing():
+    tvm_relax.register_global_funcs()
+    fn = tvm_ffi.get_global_func(tvm_relax.PREFILL_GLOBAL_NAME)
+    q, k, scale, w, ks, ke = make_prefill_batch(*CHUNK_A[:1], queries=CHUNK_A[1], seed=21).args()
+    out = poisoned_np((len(ks), K))
+    with pytest.raises(TypeError, match="^weights must be float32"):
+        fn(q, k, scale, w.astype(np.float64), ks, ke, out)
+    with pytest.raises(ValueError, match="^ke dimension 0"):
+        fn(q, k, scale, w, ks, ke[:-1].copy(), out)
+    with pytest.raises(ValueError, match="K <= 2048"):
+        fn(q, k, scale, w, ks, ke, poisoned_np((len(ks), 4096)))
+    assert (out == SENTINEL).all()
+
+
+def tvm_args(batch, fp8=True):
+    """The chunk as tvm.runtime.Tensors on the CPU, q and k as float8_e4m3fn or as their uint8 bytes."""
+    q, k, *rest = batch.args()
+    if fp8:
+        q, k = q.view(ml_dtypes.float8_e4m3fn), k.view(ml_dtypes.float8_e4m3fn)
+    return [tvm.runtime.tensor(a) for a in (q, k, *rest)]
+
+
+@functools.cache
+def prefill_vm(topk=K, sorted_=False, ids="relative"):
+    return tvm_relax.build(tvm_relax.prefill_module(topk=topk, sorted=sorted_, ids=ids))
+
+
+@needs_tvm
+@pytest.mark.parametrize("sorted_,ids", CALLS)
+def test_tvm_relax_matches_dps(sorted_, ids):
+    """One build, symbolic M and N: two chunks of different sizes, each with an empty row, fp8 or
+    uint8 q and k, give ffi_dsa.prefill_topk_indexer's bytes."""
+    vm = prefill_vm(K, sorted_, ids)
+    for seed, (lens, queries) in enumerate((CHUNK_A, CHUNK_B)):
+        batch = chunk_with_an_empty_row(lens, queries, seed=22 + seed, spare_keys=seed * 5)
+        for fp8 in (True, False):
+            got = vm["main"](*tvm_args(batch, fp8)).numpy()
+            assert got.shape == (batch.rows, K)
+            assert (got[1] == -1).all()
+            assert_same(got, batch, sorted=sorted_, ids=ids)
+
+
+@needs_tvm
+def test_tvm_relax_default_topk_narrow_heads_and_an_empty_chunk():
+    vm = prefill_vm(2048)
+    for seed, heads in enumerate((NUM_HEADS, NUM_HEADS_NARROW)):
+        batch = make_exact_prefill_batch([2100, 40], queries=[3, 40], seed=24 + seed, heads=heads)
+        got = vm["main"](*tvm_args(batch)).numpy()
+        np.testing.assert_array_equal(got, ffi_dsa.reference_prefill(*batch.args(), topk=2048))
+        assert_same(got, batch, 2048)
+    assert tuple(vm["main"](*tvm_args(make_prefill_batch([]))).shape) == (0, 2048)
+
+
+@needs_tvm
+@pytest.mark.parametrize("index,edit,error,match", [
+    (3, lambda a: a.astype(np.float16), TypeError, "^weights must be float32"),
+    (0, lambda a: a.astype(np.float32), TypeError, "^q must be float8_e4m3fn"),
+    (1, lambda a: a[:, :100].copy(), ValueError, "^k dimension 1 must be 128"),
+    (2, lambda a: a[:-1].copy(), ValueError, "^k_scale dimension 0"),
+    (5, lambda a: a[:-1].copy(), ValueError, "^ke dimension 0"),
+])
+def test_tvm_relax_errors_come_from_the_kernel_checks(index, edit, error, match):
+    args = list(make_prefill_batch(*CHUNK_A[:1], queries=CHUNK_A[1], seed=26).args())
+    args[index] = edit(args[index])
+    with pytest.raises(error, match=match):
+        prefill_vm()["main"](*[tvm.runtime.tensor(a) for a in args])
+
+
+@needs_tvm
+def test_tvm_relax_topk_and_ids_errors():
+    with pytest.raises(ValueError, match="^topk must be >= 0"):
+        tvm_relax.prefill_module(topk=-1)
+    with pytest.raises(ValueError, match="^topk must be <= 2048"):
+        tvm_relax.prefill_module(topk=4096)
+    with pytest.raises(TypeError, match="^topk must be an int"):
+        tvm_relax.prefill_module(topk=16.0)
+    with pytest.raises(ValueError, match="^ids must be"):
+        tvm_relax.prefill_module(topk=K, ids="global")
+
+
+@needs_tvm
+def test_tvm_relax_cuda_tensors_get_the_missing_kernel_message(monkeypatch):
+    """No CUDA prefill kernel: kernel_for's message reaches the Relax caller (as tvm-ffi's
+    RuntimeError: tvm-ffi carries no NotImplementedError across its boundary). Simulated on the CPU
+    by letting the global read the CPU tensors' device as CUDA."""
+    monkeypatch.setitem(tvm_relax._DEVICE_NAMES, 1, "cuda")
+    batch = make_prefill_batch(*CHUNK_A[:1], queries=CHUNK_A[1], seed=27)
+    with pytest.raises((NotImplementedError, RuntimeError), match="CUDA prefill kernel is not built yet"):
+        prefill_vm()["main"](*tvm_args(batch))

@@ -30,7 +30,9 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from ffi_dsa.contract import MAX_QUERIES, NUM_HEADS, NUM_HEADS_NARROW  # noqa: E402
-from ffi_dsa.integration import jax_ffi, jax_sharding  # noqa: E402
+import ffi_dsa  # noqa: E402
+from ffi_dsa.integration import jax_ffi, jax_prefill, jax_sharding  # noqa: E402
+from ffi_dsa.prefill_workloads import make_prefill_batch  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
 
 from conftest import assert_exact, call_result  # noqa: E402
@@ -206,6 +208,37 @@ class TestFourDevices:
         assert got.sharding.spec[0] == "x"
         np.testing.assert_array_equal(np.asarray(got), call_result(batch, K, sorted=sorted_))
 
+
+    @pytest.mark.parametrize("queries", [[20, 12], [15, 6]], ids=["divides", "padded_by_xla"])
+    def test_prefill_rows_split_over_devices(self, queries):
+        """Prefill under a jit over the mesh: q, weights, ks and ke split by rows, k and k_scale
+        replicated: one local call per device, no collective of the operands, the bytes of the
+        one-device call. 21 rows do not divide by 4: XLA pads the last shard with rows the rule empties."""
+        chunk = make_prefill_batch([300, 900], queries=queries, seed=5)
+        q, k, k_scale, weights, ks, ke = chunk.args()
+        mesh = mesh_of()
+        rows = len(ks)
+        fn = jax.jit(lambda *a: jax_prefill.prefill_topk(*a, topk=K))
+        if rows % DEVICES:  # a sharding constraint inside the jit: JAX refuses such a split at its boundary
+            row = NamedSharding(mesh, P("x"))
+            fn = jax.jit(lambda q_, k_, s_, w_, ks_, ke_: jax_prefill.prefill_topk(
+                jax.lax.with_sharding_constraint(q_, row), k_, s_, jax.lax.with_sharding_constraint(w_, row),
+                jax.lax.with_sharding_constraint(ks_, row), jax.lax.with_sharding_constraint(ke_, row), topk=K))
+            args = [jnp.asarray(q).view(jnp.float8_e4m3fn), jnp.asarray(k).view(jnp.float8_e4m3fn),
+                    *map(jnp.asarray, (k_scale, weights, ks, ke))]
+        else:
+            specs = [P("x"), P(), P(), P("x"), P("x"), P("x")]
+            args = put(mesh, [jnp.asarray(q).view(jnp.float8_e4m3fn), jnp.asarray(k).view(jnp.float8_e4m3fn),
+                              *map(jnp.asarray, (k_scale, weights, ks, ke))], specs)
+        text = hlo(fn, *args)
+        local = -(-rows // DEVICES)
+        # (the padded case returns its result replicated: JAX cannot return an unevenly sharded array)
+        gathered = [] if rows % DEVICES == 0 else [(f"s32[{local * DEVICES},{K}]", "all-gather")]
+        assert collectives(text) == gathered
+        assert re.findall(r"= (s32\[[\d,]*\])\S* custom-call\([^\n]*" + jax_prefill.TARGET, text) == [f"s32[{local},{K}]"]
+        want = np.full((rows, K), -7, np.int32)
+        ffi_dsa.prefill_topk_indexer(q, k, k_scale, weights, ks, ke, want)
+        np.testing.assert_array_equal(np.asarray(fn(*args)), want)
 
     def test_only_q_sharded_the_other_row_operands_follow(self):
         batch = make_batch(lens(8, 2), seed=2)
