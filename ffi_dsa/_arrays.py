@@ -71,11 +71,11 @@ def check_tensor(x, name: str) -> None:
                          "tensors (torch.ops.dsa.* give meta tensors their fake result)")
 
 
-def named_argument_error(err: Exception, args) -> Exception:
+def named_argument_error(err: Exception, args, names=ARG_NAMES) -> Exception:
     """The error to raise for `err`, caught around a call of the native function with the op's
-    tensor arguments `args`: the first argument that is no tensor, named; else `err` itself (tvm-ffi
-    reports a mistyped argument by its position only)."""
-    for x, name in zip(args, ARG_NAMES):
+    tensor arguments `args` (called `names`): the first argument that is no tensor, named; else
+    `err` itself (tvm-ffi reports a mistyped argument by its position only)."""
+    for x, name in zip(args, names):
         try:
             check_tensor(x, name)
         except (TypeError, ValueError) as named:

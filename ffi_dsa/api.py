@@ -51,9 +51,9 @@ def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool 
         raise _arrays.named_argument_error(err, args) from None
 
 
-def checked_topk(topk, at_most: int = MAX_TOPK) -> int:
+def checked_topk(topk) -> int:
     """K as an int, or ValueError, shared by every entry point that allocates the output: a
-    negative K is no output shape (C++ cannot see it), and a K above `at_most` is refused here,
+    negative K is no output shape (C++ cannot see it), and a K above MAX_TOPK is refused here,
     naming topk (the C++ check would name the output, which the caller never made)."""
     try:
         topk = operator.index(topk)
@@ -61,8 +61,8 @@ def checked_topk(topk, at_most: int = MAX_TOPK) -> int:
         raise TypeError(f"topk must be an int, got {topk!r}") from None
     if topk < 0:
         raise ValueError(f"topk must be >= 0, got {topk}")
-    if at_most is not None and topk > at_most:
-        raise ValueError(f"topk must be <= {at_most} (the kernel supports K <= {at_most}), got {topk}")
+    if topk > MAX_TOPK:
+        raise ValueError(f"topk must be <= {MAX_TOPK} (the kernel supports K <= {MAX_TOPK}), got {topk}")
     return topk
 
 
@@ -78,7 +78,7 @@ def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT
 
         return jax_ffi.topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=topk, sorted=sorted)
     _arrays.check_tensor(q, _Q)
-    topk = checked_topk(topk, at_most=MAX_TOPK)
+    topk = checked_topk(topk)
     out = _arrays.empty_like_framework(q, _arrays.output_shape(q.shape, topk), "int32")
     call(q, k_cache, weights, seq_lens, block_table, out, sorted=sorted, validate=validate)
     return out

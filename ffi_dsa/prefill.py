@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _arrays, _ffi_api
 from .api import checked_topk
-from .contract import DEFAULT_TOPK, MAX_TOPK
+from .contract import DEFAULT_TOPK
 
 # How messages name the arguments, in the op's order; the same strings as kPrefillArgNames of the
 # C++ checks (cuda/include/ffi_dsa/validate_prefill.h).
@@ -50,12 +50,7 @@ def kernel_for(device_type: str):
 
 def named_argument_error(err: Exception, args) -> Exception:
     """_arrays.named_argument_error with the prefill op's argument names."""
-    for x, name in zip(args, ARG_NAMES):
-        try:
-            _arrays.check_tensor(x, name)
-        except (TypeError, ValueError) as named:
-            return named
-    return err
+    return _arrays.named_argument_error(err, args, ARG_NAMES)
 
 
 def prefill_topk_indexer(q, k, k_scale, weights, ks, ke, topk_indices, sorted: bool = False,
@@ -108,7 +103,7 @@ def prefill_topk(q, k, k_scale, weights, ks, ke, topk: int = DEFAULT_TOPK, sorte
             validate_prefill(k, ks, ke)
         return jax_prefill.prefill_topk(q, k, k_scale, weights, ks, ke, topk=topk, sorted=sorted, ids=ids)
     _arrays.check_tensor(q, _Q)
-    topk = checked_topk(topk, at_most=MAX_TOPK)
+    topk = checked_topk(topk)
     kernel_for(_arrays.device_type(q))  # NotImplementedError before allocating on a device without one
     out = _arrays.empty_like_framework(q, (q.shape[0] if len(q.shape) else 0, topk), "int32")
     prefill_topk_indexer(q, k, k_scale, weights, ks, ke, out, sorted=sorted, validate=validate, ids=ids)

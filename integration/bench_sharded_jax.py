@@ -99,21 +99,24 @@ def wall_per_step(fn, args, steps: int) -> float:
     return statistics.median(times)
 
 
-def device_time(fn, args, steps: int, layers: int) -> tuple[float, float] | None:
-    """(device busy per step, op kernels per step) in seconds, the slowest device's median over
-    `steps` traced steps; None when the trace has no device planes (the CPU platform)."""
+def traced_planes(fn, args, steps: int) -> list:
+    """The planes (host and devices) of a profiler trace of `steps` steps, after one untraced step."""
     from jax.profiler import ProfileData
 
     fn(*args).block_until_ready()
-    folder = tempfile.mkdtemp(prefix="ffi_dsa_trace_")
-    with jax.profiler.trace(folder):
-        for _ in range(steps):
-            fn(*args).block_until_ready()
-    path = glob.glob(f"{folder}/**/*.xplane.pb", recursive=True)
-    if not path:
-        return None
+    with tempfile.TemporaryDirectory(prefix="ffi_dsa_trace_") as folder:
+        with jax.profiler.trace(folder):
+            for _ in range(steps):
+                fn(*args).block_until_ready()
+        paths = glob.glob(f"{folder}/**/*.xplane.pb", recursive=True)
+        return list(ProfileData.from_file(paths[0]).planes) if paths else []
+
+
+def device_time(fn, args, steps: int, layers: int) -> tuple[float, float] | None:
+    """(device busy per step, op kernels per step) in seconds, the slowest device's median over
+    `steps` traced steps; None when the trace has no device planes (the CPU platform)."""
     busy, ops = [], []
-    for plane in ProfileData.from_file(path[0]).planes:
+    for plane in traced_planes(fn, args, steps):
         if not plane.name.startswith("/device:GPU"):
             continue
         kernels = sorted((e.start_ns, e.duration_ns, OP_KERNELS in e.name) for line in list(plane.lines)
@@ -136,13 +139,7 @@ def timeline(fn, args) -> None:
     """Where one step's time goes, from a profiler trace: per device, the wait from the step's
     dispatch to its first kernel, the gaps between kernels, the tail after the last one; and the
     host's busiest events. For finding overhead, not for the tables."""
-    from jax.profiler import ProfileData
-
-    fn(*args).block_until_ready()
-    folder = tempfile.mkdtemp(prefix="ffi_dsa_trace_")
-    with jax.profiler.trace(folder):
-        fn(*args).block_until_ready()
-    planes = list(ProfileData.from_file(glob.glob(f"{folder}/**/*.xplane.pb", recursive=True)[0]).planes)
+    planes = traced_planes(fn, args, 1)
     host = [(e.start_ns, e.duration_ns, e.name, line.name) for p in planes if p.name == "/host:CPU"
             for line in p.lines for e in line.events]
     dispatch = min((h for h in host if h[2].startswith("PjitFunction")), default=None)

@@ -85,14 +85,20 @@ def _dtype_arg(name: str, dtype) -> tvm_ffi.dtype:
         raise TypeError(f"{name} has dtype {dtype}, which cannot be passed to the kernel") from None
 
 
+def run_shape_check(native_check, names, shapes: tuple, dtypes: tuple, out_shape) -> None:
+    """`native_check` (an op's exported C++ check on (shape, dtype) pairs) on the inputs' shapes and
+    dtypes and an int32 output of `out_shape`; `names` name the inputs in its dtype errors."""
+    args = []
+    for name, shape, dtype in zip(names, shapes, dtypes):  # (the inputs: zip stops before the output)
+        args += [shape, _dtype_arg(name, dtype)]
+    native_check(*args, out_shape, tvm_ffi.dtype("int32"))
+
+
 @functools.lru_cache(maxsize=512)
 def check_shapes(shapes: tuple, dtypes: tuple, topk: int) -> None:
     """Run the kernel's own C++ argument checks on shapes and dtypes (cached for valid inputs)."""
     checked_topk(topk)  # not a tensor shape yet, so C++ cannot see it
-    args = []
-    for name, shape, dtype in zip(ARG_NAMES, shapes, dtypes):  # (the inputs: zip stops before the output)
-        args += [shape, _dtype_arg(name, dtype)]
-    _ffi_api.cpu().check_shapes(*args, output_shape(shapes[0], topk), tvm_ffi.dtype("int32"))
+    run_shape_check(_ffi_api.cpu().check_shapes, ARG_NAMES, shapes, dtypes, output_shape(shapes[0], topk))
 
 
 def workspace_bytes(q_shape, block_table_shape) -> int:

@@ -25,13 +25,12 @@ import threading
 import jax
 import jax.numpy as jnp
 import jax_tvm_ffi
-import tvm_ffi
 
 from .. import _ffi_api
 from ..api import checked_topk
 from ..contract import DEFAULT_TOPK
 from ..prefill import ARG_NAMES, absolute_ids, kernel_for
-from .jax_ffi import _dtype_arg, _platform_of
+from .jax_ffi import _platform_of, run_shape_check
 from .jax_sharding import batch_partitioned
 
 TARGET = "ffi_dsa_prefill_topk_indexer"
@@ -54,11 +53,8 @@ def register() -> None:
 def check_shapes(shapes: tuple, dtypes: tuple, topk: int) -> None:
     """Run the kernel's own C++ argument checks on shapes and dtypes (cached for valid inputs)."""
     checked_topk(topk)  # not a tensor shape yet, so C++ cannot see it
-    args = []
-    for name, shape, dtype in zip(ARG_NAMES, shapes, dtypes):  # (the inputs: zip stops before the output)
-        args += [shape, _dtype_arg(name, dtype)]
     rows = shapes[0][0] if shapes[0] else 0
-    _ffi_api.cpu().prefill_check_shapes(*args, (rows, topk), tvm_ffi.dtype("int32"))
+    run_shape_check(_ffi_api.cpu().prefill_check_shapes, ARG_NAMES, shapes, dtypes, (rows, topk))
 
 
 # Positions of the per-row operands among (q, k, k_scale, weights, ks, ke): a mesh splits these by

@@ -86,10 +86,11 @@ def _topk_indexer_out_kernel(q, k_cache, weights, seq_lens, block_table, topk_in
 
 # ---- fake (meta) kernels ---------------------------------------------------------------------
 
-def _same_device(tensors) -> None:
+def same_device(tensors, names=ARG_NAMES) -> None:
     """Under meta/fake tensors the dispatcher picks the fake kernel when any argument is meta, so the
-    real kernel's placement check would never see a meta argument among real ones: checked here."""
-    for t, name in zip(tensors, ARG_NAMES):
+    real kernel's placement check would never see a meta argument among real ones: checked here
+    (`names`: the op's argument names, in order)."""
+    for t, name in zip(tensors, names):
         if t is None:
             raise TypeError(f"{name} must be a tensor, got None")
         if t.device != tensors[0].device:
@@ -100,12 +101,12 @@ def _same_device(tensors) -> None:
 def _topk_indexer_fake(q, k_cache, weights, seq_lens, block_table, topk=DEFAULT_TOPK, sorted=False):
     if isinstance(topk, int):
         checked_topk(topk)
-    _same_device((q, k_cache, weights, seq_lens, block_table))
+    same_device((q, k_cache, weights, seq_lens, block_table))
     return q.new_empty(output_shape(q.shape, topk), dtype=torch.int32)
 
 
 def _topk_indexer_out_fake(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted=False):
-    _same_device((q, k_cache, weights, seq_lens, block_table, topk_indices))
+    same_device((q, k_cache, weights, seq_lens, block_table, topk_indices))
     return None
 
 

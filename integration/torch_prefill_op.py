@@ -19,7 +19,7 @@ import torch
 from ..api import checked_topk
 from ..contract import DEFAULT_TOPK
 from ..prefill import ARG_NAMES, named_argument_error, absolute_ids, kernel_for
-from .torch_op import register_pair, registered
+from .torch_op import register_pair, registered, same_device
 
 NAMESPACE = "dsa"
 
@@ -64,27 +64,17 @@ def _prefill_out_kernel(q, k, k_scale, weights, ks, ke, topk_indices, sorted=Fal
 
 # ---- fake (meta) kernels ---------------------------------------------------------------------
 
-def _same_device(tensors) -> None:
-    """The placement check the real kernel's C++ would make, for fake tensors (torch_op.py says why)."""
-    for t, name in zip(tensors, ARG_NAMES):
-        if t is None:
-            raise TypeError(f"{name} must be a tensor, got None")
-        if t.device != tensors[0].device:
-            raise ValueError(f"{name} is on {t.device} but q is on {tensors[0].device}; every "
-                             "argument must be on one device")
-
-
 def _prefill_fake(q, k, k_scale, weights, ks, ke, topk=DEFAULT_TOPK, sorted=False, ids="relative"):
     absolute_ids(ids)
     if isinstance(topk, int):
         checked_topk(topk)
-    _same_device((q, k, k_scale, weights, ks, ke))
+    same_device((q, k, k_scale, weights, ks, ke), ARG_NAMES)
     return q.new_empty(_output_shape(q, topk), dtype=torch.int32)
 
 
 def _prefill_out_fake(q, k, k_scale, weights, ks, ke, topk_indices, sorted=False, ids="relative"):
     absolute_ids(ids)
-    _same_device((q, k, k_scale, weights, ks, ke, topk_indices))
+    same_device((q, k, k_scale, weights, ks, ke, topk_indices), ARG_NAMES)
 
 
 # Keep the Library object alive: dropping it would unregister the ops.
