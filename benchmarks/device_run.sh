@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one script a GPU call runs, from the repository root of the device machine:
 #
-#   bash benchmarks/device_run.sh [build|test|sanitize|bench|queries|counters|fuzz|chain|all]...   (default: all)
+#   bash benchmarks/device_run.sh [build|test|sanitize|bench|queries|counters|fuzz|chain|prefill|sharded|all]...
+#                                                                                             (default: all)
 #
 #   build     import ffi_dsa, force the CUDA module build, print ptxas resource usage (-Xptxas -v)
 #   test      python3 -m pytest -q -x tests                      -> $OUT/pytest.log
@@ -14,12 +15,14 @@
 #   sharded   several GPUs: their tests, bench_sharded_jax and bench_torch_ranks -> $OUT/sharded_*
 #   chain     the production chain side by side (.chain/run.sh ${CHAIN_ARGS:---mtp}; carry .chain,
 #             a copy of ../shared/chain)                          -> $OUT/chain.log
+#   prefill   benchmarks/bench_prefill.py, then the chain's prefill table if .chain is carried
+#                                                                -> $OUT/prefill.log
 #
 # The device image has python3 3.12, torch (CUDA), JAX, nvcc at /usr/local/cuda and ninja, but not
 # apache-tvm-ffi / jax-tvm-ffi: those travel as cp312 wheels in .whl/ (name .whl in the call's
 # carry). A failing step does not stop the next one; the exit code is non-zero if any failed.
 # Knobs (environment): BENCH_ARGS (extra bench_gpu.py options, e.g. "--workloads W1,W5"),
-# QUERIES_ARGS (extra bench_queries.py options), COUNTERS_WORKLOADS (default W1,W2,W3,W4,W5,W6),
+# QUERIES_ARGS (extra bench_queries.py options), PREFILL_ARGS (extra bench_prefill.py options), COUNTERS_WORKLOADS (default W1,W2,W3,W4,W5,W6),
 # PYTEST_ARGS (default "-q -x tests"), SANITIZE_TOOLS (default "memcheck racecheck synccheck initcheck"),
 # SANITIZE_TIMEOUT (seconds per tool, default 150), FFI_DSA_CACHE_DIR (default /tmp/ffi_dsa_cache).
 set -u
@@ -204,6 +207,18 @@ step_chain() {
   return $rc
 }
 
+step_prefill() {
+  local rc=0
+  set -o pipefail
+  # shellcheck disable=SC2086
+  python3 benchmarks/bench_prefill.py ${PREFILL_ARGS:-} 2>&1 | tee "$OUT/prefill.log" || rc=1
+  if [ -f .chain/run.sh ]; then
+    OUT="$OUT" bash .chain/run.sh --prefill 2>&1 | tee -a "$OUT/prefill.log" || rc=1
+  fi
+  set +o pipefail
+  return $rc
+}
+
 # Several GPUs (a multi-GPU kind): the tests that need 2 or more GPUs, then the data-parallel
 # tables of JAX (bench_sharded_jax, N = 1 and 2, and N = 1 with XLA's command buffers off) and of
 # torch with one process per GPU (bench_torch_ranks).
@@ -235,8 +250,9 @@ EXPANDED=()
 for s in "${STEPS[@]}"; do
   case "$s" in
     all) EXPANDED+=(build test sanitize bench) ;;
-    build|test|sanitize|bench|queries|counters|fuzz|chain|sharded) EXPANDED+=("$s") ;;
-    *) echo "usage: bash benchmarks/device_run.sh [build|test|sanitize|bench|queries|counters|fuzz|chain|sharded|all]..."; exit 2 ;;
+    build|test|sanitize|bench|queries|counters|fuzz|chain|prefill|sharded) EXPANDED+=("$s") ;;
+    *) echo "usage: bash benchmarks/device_run.sh [build|test|sanitize|bench|queries|counters|fuzz|chain|prefill|sharded|all]..."
+       exit 2 ;;
   esac
 done
 

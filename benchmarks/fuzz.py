@@ -20,13 +20,13 @@ prefix.
 
     python -m ffi_dsa.benchmarks.fuzz --device cuda --calls 10000      (benchmarks/fuzz.py in a checkout)
 
-``--prefill`` fuzzes the prefill op instead (docs/contract.md, prefill; CPU only, as its kernel is): a
+``--prefill`` fuzzes the prefill op instead (docs/contract.md, prefill; CPU or CUDA): a
 chunk of 0-4 requests of random and edge lengths, each with some of its last tokens as causal query
 rows, keys gathered back to back with spare keys after them, H 64 or 32, K, order and ids
 ("relative"/"absolute") drawn per call, ks/ke entries the kernel must clamp (ks < 0, ke > N, ks >= ke),
 special scales and NaN weights, exact data about half the time, as above.
 
-    python -m ffi_dsa.benchmarks.fuzz --device cpu --prefill --calls 2000
+    python -m ffi_dsa.benchmarks.fuzz --device cuda --prefill --calls 2000
 """
 
 from __future__ import annotations
@@ -390,16 +390,27 @@ def prefill_verdict(task) -> list[str]:
     return problems
 
 
-def prefill_calls_and_outputs(rng, count: int, deadline: float):
-    """(description, task) of each prefill call, run on the CPU twice into poisoned outputs."""
+def run_prefill_call(device: str, args, topk: int, sorted_: bool, ids: str) -> np.ndarray:
+    """One call on `device` into a poisoned output; host int32 [M, topk]."""
+    out = np.full((len(args[0]), topk), Runner.SENTINEL, np.int32)
+    if device == "cpu":
+        ffi_dsa.prefill_topk_indexer(*args, out, sorted=sorted_, ids=ids)
+        return out
+    import torch
+
+    on_device = [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in args]
+    result = torch.from_numpy(out).to(device)
+    ffi_dsa.prefill_topk_indexer(*on_device, result, sorted=sorted_, ids=ids)
+    return result.cpu().numpy()
+
+
+def prefill_calls_and_outputs(rng, device: str, count: int, deadline: float):
+    """(description, task) of each prefill call, run on `device` twice into poisoned outputs."""
     for i in range(count):
         if deadline and time.perf_counter() > deadline:
             return
         exact, args, topk, sorted_, ids = draw_prefill_call(rng)
-        outs = []
-        for _ in range(2):
-            outs.append(np.full((len(args[0]), topk), Runner.SENTINEL, np.int32))
-            ffi_dsa.prefill_topk_indexer(*args, outs[-1], sorted=sorted_, ids=ids)
+        outs = [run_prefill_call(device, args, topk, sorted_, ids) for _ in range(2)]
         ks, ke = args[4], args[5]
         seen = int(np.clip(np.minimum(ke, len(args[1])) - np.maximum(ks, 0), 0, None).sum())
         about = (f"prefill call {i}: M={len(ks)} N={len(args[1])} H={args[0].shape[1]} K={topk} sorted={sorted_} "
@@ -417,10 +428,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--minutes", type=float, default=0.0, help="stop after this long (0: no limit)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes checking outputs")
-    parser.add_argument("--prefill", action="store_true", help="fuzz the prefill op (CPU only) instead of decode")
+    parser.add_argument("--prefill", action="store_true", help="fuzz the prefill op instead of decode")
     a = parser.parse_args(argv)
-    if a.prefill and a.device != "cpu":
-        parser.error("--prefill runs on the CPU only (--device cpu): there is no CUDA prefill kernel yet")
     rng = np.random.default_rng(a.seed)
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # inf - inf in the checks of inf scores
     start = time.perf_counter()
@@ -431,7 +440,7 @@ def main(argv=None) -> int:
     deadline = start + 60 * a.minutes if a.minutes else 0.0
     failures = calls = tokens = 0
     if a.prefill:
-        stream, check = prefill_calls_and_outputs(rng, a.calls, deadline), prefill_verdict
+        stream, check = prefill_calls_and_outputs(rng, a.device, a.calls, deadline), prefill_verdict
     else:
         stream, check = calls_and_outputs(rng, Runner(a.device), a.calls, deadline), verdict
     abouts = []

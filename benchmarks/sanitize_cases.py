@@ -83,6 +83,34 @@ def cases():
     yield "B=0", make_batch(np.zeros(0, np.int32), seed=15), False
 
 
+def prefill_cases():
+    """(name, batch, topk, sorted) of prefill calls: ragged requests, a long row whose candidates are
+    cut, a remainder block (M % 4 != 0), 32 heads, empty and clamped rows."""
+    from ffi_dsa.prefill_workloads import make_prefill_batch
+
+    ragged = make_prefill_batch([500, 130, 2100], queries=[300, 130, 24], seed=1, spare_keys=37)
+    long_rows = make_prefill_batch([9000], queries=[5], seed=2)
+    clamped = make_prefill_batch([700, 90], queries=[30, 3], seed=3, heads=32)
+    clamped.ks[0], clamped.ke[1], clamped.ks[2] = -5, 10**6, clamped.ke[2]  # < 0, past N, empty
+    return [("prefill ragged, K 2048", ragged, 2048, False),
+            ("prefill ragged, K 64, sorted", ragged, 64, True),
+            ("prefill 5 rows of 9K keys, K 2048, sorted", long_rows, 2048, True),
+            ("prefill H32, clamped and empty rows", clamped, 256, False)]
+
+
+def run_prefill_case(device: str, batch, topk: int, sorted_: bool) -> list[str]:
+    out = np.full((batch.rows, topk), -7, dtype=np.int32)
+    if device == "cuda":
+        import torch
+
+        result = torch.from_numpy(out).to("cuda")
+        ffi_dsa.prefill_topk_indexer(*batch.to_torch("cuda"), result, sorted=sorted_)
+        out = result.cpu().numpy()
+    else:
+        ffi_dsa.prefill_topk_indexer(*batch.args(), out, sorted=sorted_)
+    return ffi_dsa.check_prefill_topk(out, *batch.args(), sorted=sorted_)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -104,6 +132,12 @@ def main(argv=None) -> int:
             out = np.full(batch.output_shape(TOPK), -7, dtype=np.int32)
             ffi_dsa.call(*args, out, sorted=sorted_)
         problems = ffi_dsa.check_topk(out, *batch.args(), sorted=sorted_) if rows else []
+        failed += bool(problems)
+        verdict = "ok" if not problems else f"FAIL: {problems[0]}"
+        print(f"sanitize case: {name:<48} {verdict} ({time.perf_counter() - start:.1f} s)", flush=True)
+    for name, batch, topk, sorted_ in prefill_cases():
+        start = time.perf_counter()
+        problems = run_prefill_case(a.device, batch, topk, sorted_)
         failed += bool(problems)
         verdict = "ok" if not problems else f"FAIL: {problems[0]}"
         print(f"sanitize case: {name:<48} {verdict} ({time.perf_counter() - start:.1f} s)", flush=True)

@@ -43,6 +43,8 @@ class CudaFunctions(NamedTuple):
     """cuda/csrc/cuda_binding.cu."""
 
     topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool], None]
+    # (q, k, k_scale, weights, ks, ke, topk_indices, sorted, absolute_ids): the CPU export's form
+    prefill_topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]
     # (fused, pdl, max_select_cluster), -1 = unchanged -> the previous settings (launch/tuning.h)
     set_cuda_options: Callable[[int, int, int], Mapping[str, int]]
     cuda_options: Callable[[], Mapping[str, int]]
@@ -63,6 +65,7 @@ SCHEMAS = {
     },
     CudaFunctions: {
         "topk_indexer": _INDEXER,
+        "prefill_topk_indexer": "Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]",
         "set_cuda_options": "Callable[[int, int, int], Map[str, int]]",
         "cuda_options": "Callable[[], Map[str, int]]",
     },

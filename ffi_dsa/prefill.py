@@ -33,18 +33,13 @@ def absolute_ids(ids) -> bool:
 
 
 @functools.cache
-def _cpu_kernel():
-    return _ffi_api.cpu().prefill_topk_indexer
-
-
 def kernel_for(device_type: str):
-    """The exported DPS prefill function serving tensors of `device_type`. Only the CPU module has
-    one yet: CUDA tensors raise NotImplementedError before anything is allocated or written."""
+    """The exported DPS prefill function serving tensors of `device_type` ('cpu' or 'cuda'), looked
+    up once."""
     if device_type == "cpu":
-        return _cpu_kernel()
+        return _ffi_api.cpu().prefill_topk_indexer
     if device_type == "cuda":
-        raise NotImplementedError("ffi_dsa prefill: the CUDA prefill kernel is not built yet (only the CPU path "
-                                  "exists); pass CPU tensors, or use ffi_dsa.topk_indexer for decode on CUDA")
+        return _ffi_api.cuda().prefill_topk_indexer
     raise ValueError(f"ffi_dsa supports CPU and CUDA tensors, got a tensor on {device_type!r}")
 
 
@@ -81,8 +76,6 @@ def prefill_topk_indexer(q, k, k_scale, weights, ks, ke, topk_indices, sorted: b
         kernel = kernel_for(_arrays.device_type(q))
         if validate:
             validate_prefill(k, ks, ke)
-    except NotImplementedError:
-        raise
     except (TypeError, ValueError, AttributeError, RuntimeError, BufferError) as err:
         raise named_argument_error(err, args) from None
     try:
@@ -104,7 +97,7 @@ def prefill_topk(q, k, k_scale, weights, ks, ke, topk: int = DEFAULT_TOPK, sorte
         return jax_prefill.prefill_topk(q, k, k_scale, weights, ks, ke, topk=topk, sorted=sorted, ids=ids)
     _arrays.check_tensor(q, _Q)
     topk = checked_topk(topk)
-    kernel_for(_arrays.device_type(q))  # NotImplementedError before allocating on a device without one
+    kernel_for(_arrays.device_type(q))  # a device without a kernel fails before anything is allocated
     out = _arrays.empty_like_framework(q, (q.shape[0] if len(q.shape) else 0, topk), "int32")
     prefill_topk_indexer(q, k, k_scale, weights, ks, ke, out, sorted=sorted, validate=validate, ids=ids)
     return out

@@ -64,6 +64,24 @@ def register(platform: str) -> None:
         _registered.add(platform)
 
 
+def register_for(register, arrays, target: str) -> None:
+    """Register `target` (through its module's `register(platform)`) for the CPU, and for the
+    platform of `arrays` when that is another one."""
+    register("cpu")  # cheap, and lets a jit traced here also run on the CPU
+    platform, known = _platform_of(arrays)
+    if platform == "cpu":
+        return
+    try:
+        register(platform)
+    except Exception as err:
+        if known:
+            raise
+        # Only a guess (tracers, default backend): a jit meant for the CPU must not fail because
+        # the CUDA module cannot be built here. A GPU run would then fail in XLA.
+        warnings.warn(f"ffi_dsa: could not register the {platform!r} FFI target {target} ({err}); "
+                      "only the CPU target is available", RuntimeWarning, stacklevel=3)
+
+
 def _platform_of(arrays) -> tuple[str, bool]:
     """(platform, known): the platform of a concrete input array (known), else JAX's default
     device (a guess: under ``jax.jit`` the inputs are tracers and carry no device)."""
@@ -186,18 +204,7 @@ def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT
         raise TypeError("topk must be a static Python int (mark it static in jax.jit: "
                         "static_argnames=('topk', 'sorted'))") from None
     check_shapes(tuple(tuple(int(d) for d in a.shape) for a in args), tuple(str(a.dtype) for a in args), topk)
-    register("cpu")  # cheap, and lets a jit traced here also run on the CPU
-    platform, known = _platform_of(args)
-    if platform != "cpu":
-        try:
-            register(platform)
-        except Exception as err:
-            if known:
-                raise
-            # Only a guess (tracers, default backend): a jit meant for the CPU must not fail
-            # because the CUDA module cannot be built here. A GPU run would then fail in XLA.
-            warnings.warn(f"ffi_dsa: could not register the {platform!r} FFI target ({err}); "
-                          "only the CPU target is available", RuntimeWarning, stacklevel=2)
+    register_for(register, args, TARGET)
     return _batched_op(topk, bool(sorted))(*args)
 
 

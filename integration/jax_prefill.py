@@ -5,9 +5,9 @@
 
 The CPU module's ``prefill_topk_indexer(q, k, k_scale, weights, ks, ke, topk_indices, sorted,
 absolute_ids)`` is registered with ``jax_tvm_ffi.register_ffi_target`` as the XLA FFI target
-``ffi_dsa_prefill_topk_indexer`` (arg spec ``args, rets, attrs.sorted, attrs.absolute_ids``), on
-the CPU only: there is no CUDA prefill kernel yet, so arrays on another platform raise
-NotImplementedError at trace time. ``jax.vmap`` over chunks that share k is one call on their
+``ffi_dsa_prefill_topk_indexer`` (arg spec ``args, rets, attrs.sorted, attrs.absolute_ids``): the CPU
+target on first use, the GPU target (the CUDA module's export of the same name) when a call is made
+for the GPU. ``jax.vmap`` over chunks that share k is one call on their
 rows stacked (element by element when k itself is vmapped). Under a ``jax.jit`` over a mesh, row-sharded q, weights, ks and ke give one local call
 per device on its own rows with k and k_scale replicated, as for decode (jax_sharding.py); a row
 count that does not divide is padded by XLA with empty rows; inside a user's ``jax.shard_map`` the
@@ -30,23 +30,29 @@ from .. import _ffi_api
 from ..api import checked_topk
 from ..contract import DEFAULT_TOPK
 from ..prefill import ARG_NAMES, absolute_ids, kernel_for
-from .jax_ffi import _platform_of, run_shape_check
+from .jax_ffi import register_for, run_shape_check
 from .jax_sharding import batch_partitioned
 
 TARGET = "ffi_dsa_prefill_topk_indexer"
 
-_registered = False
+_registered: set[str] = set()
 _lock = threading.Lock()
 
 
-def register() -> None:
-    """Register the CPU FFI target; idempotent, thread-safe."""
-    global _registered
+def register(platform: str = "cpu") -> None:
+    """Register the FFI target for ``platform`` ('cpu' or 'gpu'); idempotent, thread-safe. The CUDA
+    kernel takes no scratch and syncs nothing, so XLA may record it in a command buffer."""
+    if platform in _registered:
+        return
+    if platform not in ("cpu", "gpu"):
+        raise ValueError(f"ffi_dsa supports JAX arrays on 'cpu' and 'gpu' (CUDA), got platform {platform!r}")
     with _lock:
-        if not _registered:
-            jax_tvm_ffi.register_ffi_target(TARGET, kernel_for("cpu"), ["args", "rets", "attrs.sorted",
-                                                                        "attrs.absolute_ids"], platform="cpu")
-            _registered = True
+        if platform not in _registered:
+            gpu = platform == "gpu"
+            jax_tvm_ffi.register_ffi_target(TARGET, kernel_for("cuda" if gpu else "cpu"),
+                                            ["args", "rets", "attrs.sorted", "attrs.absolute_ids"],
+                                            platform=platform, allow_cuda_graph=gpu)
+            _registered.add(platform)
 
 
 @functools.lru_cache(maxsize=512)
@@ -110,7 +116,7 @@ def prefill_topk(q, k, k_scale, weights, ks, ke, topk: int = DEFAULT_TOPK, sorte
     """int32 ``[M, topk]``: each query row's top-K key ids (ffi_dsa.prefill_topk), as a JAX array.
 
     Works eagerly and inside ``jax.jit`` (``topk``, ``sorted`` and ``ids`` static there) on the
-    CPU. Shape/dtype mistakes raise ValueError/TypeError at trace time.
+    CPU and the GPU. Shape/dtype mistakes raise ValueError/TypeError at trace time.
     """
     absolute = absolute_ids(ids)
     args = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in (q, k, k_scale, weights, ks, ke)]
@@ -120,12 +126,7 @@ def prefill_topk(q, k, k_scale, weights, ks, ke, topk: int = DEFAULT_TOPK, sorte
         raise TypeError("topk must be a static Python int (mark it static in jax.jit: "
                         "static_argnames=('topk', 'sorted', 'ids'))") from None
     check_shapes(tuple(tuple(int(d) for d in a.shape) for a in args), tuple(str(a.dtype) for a in args), topk)
-    platform, known = _platform_of(args)
-    if known and platform != "cpu":
-        kernel_for("cuda" if platform == "gpu" else platform)  # NotImplementedError names the missing kernel
-    # (Under jit the platform is only a guess: a jit over CPU arrays on a GPU host must still trace.
-    # A call that does land on a GPU fails in XLA: no handler of this target is registered there.)
-    register()
+    register_for(register, args, TARGET)
     return _op(topk, bool(sorted), absolute)(*args)
 
 

@@ -7,9 +7,9 @@ registers decode's, by the low-level ``Library`` route (torch_op.py says why):
                                            ids="relative") -> ()
 
 The functional op returns int32 ``[M, topk]`` on q's device; the out variant writes ``[M, K]`` in
-place. Both have fake kernels (``torch.compile(fullgraph=True, dynamic=True)``, opcheck). Only the
-CPU module has a prefill kernel yet: CUDA tensors raise NotImplementedError before anything is
-allocated or written.
+place. Both have fake kernels (``torch.compile(fullgraph=True, dynamic=True)``, opcheck), and both run on
+CPU and CUDA tensors (the CUDA call syncs nothing and allocates nothing but the functional op's output,
+so it can be captured in a CUDA graph).
 """
 
 from __future__ import annotations
@@ -78,7 +78,6 @@ def _prefill_out_fake(q, k, k_scale, weights, ks, ke, topk_indices, sorted=False
 
 
 # Keep the Library object alive: dropping it would unregister the ops.
-# (CUDA too: its kernel raises NotImplementedError, not a dispatcher error.)
 _LIB = None if registered("prefill_topk_indexer") else register_pair(
     "prefill_topk_indexer", (_SCHEMA, _SCHEMA_OUT), (_prefill_kernel, _prefill_out_kernel),
     (_prefill_fake, _prefill_out_fake))

@@ -39,9 +39,7 @@ gives the name:
 
 They call ``ffi_dsa.prefill.kernel_for(device)`` as ``ffi_dsa.prefill_topk_indexer`` does with
 ``validate=False``: the kernel clamps ``ks < 0`` / ``ke > N`` and leaves ``ks >= ke`` rows all -1.
-Only the CPU module has a prefill kernel: on CUDA tensors ``kernel_for``'s NotImplementedError
-reaches a Relax caller as tvm-ffi's RuntimeError with the same message (tvm-ffi maps no
-NotImplementedError across its boundary, and this module does not change that process-wide).
+CPU and CUDA tensors each reach their module's kernel.
 """
 
 from __future__ import annotations
@@ -82,7 +80,7 @@ def _make_global(sorted_by_score: bool):
 def _make_prefill_global(sorted_by_score: bool, absolute_ids: bool):
     def prefill_topk_indexer(q, k, k_scale, weights, ks, ke, topk_indices):
         dev = q.device.dlpack_device_type()
-        fn = _prefill.kernel_for(_DEVICE_NAMES.get(dev, f"DLPack device type {dev}"))  # CUDA: NotImplementedError
+        fn = _prefill.kernel_for(_DEVICE_NAMES.get(dev, f"DLPack device type {dev}"))
         fn(q, k, k_scale, weights, ks, ke, topk_indices, sorted_by_score, absolute_ids)
 
     return prefill_topk_indexer

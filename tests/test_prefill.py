@@ -4,7 +4,9 @@ Results are checked against the float64 reference (``ffi_dsa.check_prefill_topk`
 rule) and, on data whose scores are exact in any order of addition, byte for byte
 (``ffi_dsa.reference_prefill``): ties, 0.0 plateaus, NaN, +-inf, +-0, both orders, both ids. Every
 output is poisoned first and must be fully written; every caller mistake must be named before
-anything is written. The CPU path is the only one yet: CUDA tensors must raise NotImplementedError.
+anything is written. Every test that runs the op through ``run_prefill`` runs it on the CPU and, where
+a GPU is present, on CUDA (the ``device`` fixture); tests/test_prefill_cuda.py adds what only the
+CUDA kernel has (long rows that cut the candidate buffers, alignment, graphs).
 """
 
 from __future__ import annotations
@@ -21,16 +23,39 @@ from ffi_dsa.contract import HEAD_DIM, NUM_HEADS_NARROW, PAGE_BYTES, PAGE_FP8_BY
 from ffi_dsa.prefill_workloads import causal_ranges, make_exact_prefill_batch, make_prefill_batch
 from ffi_dsa.reference_prefill import key_ranges
 
-from conftest import CUDA, FP8_NAN_BYTES, SENTINEL, assert_all_written, fp8_bytes, poisoned, poisoned_np
+from conftest import CUDA, DEVICES, FP8_NAN_BYTES, SENTINEL, assert_all_written, fp8_bytes, poisoned, poisoned_np
 
 K = 64
 IDS = ["relative", "absolute"]
 ORDERS = [pytest.param(False, id="position_order"), pytest.param(True, id="sorted")]
 
 
+# The device run_prefill sends numpy arguments to (the autouse fixture below sets it per test).
+_DEVICE = {"name": "cpu"}
+
+
+@pytest.fixture(autouse=True, params=DEVICES)
+def device(request):
+    _DEVICE["name"] = request.param
+    yield request.param
+    _DEVICE["name"] = "cpu"
+
+
+def on_device(args):
+    """numpy arguments as torch tensors on the test's device (unchanged on the CPU)."""
+    if _DEVICE["name"] == "cpu" or not isinstance(args[0], np.ndarray):
+        return args
+    def one(a):
+        a = np.ascontiguousarray(a)
+        return torch.from_numpy(a.view(np.uint8) if a.dtype == ml_dtypes.float8_e4m3fn else a).to(_DEVICE["name"])
+
+    return tuple(one(a) for a in args)
+
+
 def run_prefill(args, topk=K, *, sorted=False, ids="relative", validate=False) -> np.ndarray:
-    """``ffi_dsa.prefill_topk_indexer`` into a poisoned buffer of q's framework; returns host int32
-    ``[M, topk]``, checked to be fully written."""
+    """``ffi_dsa.prefill_topk_indexer`` on the test's device into a poisoned buffer of q's framework;
+    returns host int32 ``[M, topk]``, checked to be fully written."""
+    args = on_device(args)
     q = args[0]
     torch_args = isinstance(q, torch.Tensor)
     out = poisoned((q.shape[0], topk), q.device) if torch_args else poisoned_np((q.shape[0], topk))
@@ -108,15 +133,17 @@ def test_reference_check_catches_a_wrong_answer(ragged):
 
 
 def test_matches_decode_on_the_same_keys_byte_for_byte():
-    """Prefill reuses decode's scoring and selection: each row equals a decode row whose block table
-    walks pages holding the row's keys, on random data (not only within the tolerance)."""
+    """Prefill reuses decode's scoring and selection: each row equals a decode row (on the same device)
+    whose block table walks pages holding the row's keys, on random data (not only within the
+    tolerance)."""
     batch = make_prefill_batch([300, 77, 200], queries=[100, 77, 9], seed=2)
     begin, count = key_ranges(batch.ks, batch.ke, batch.k.shape[0])
     pages, table, first_id = _paged_copy(batch, begin)
-    decode_args = (batch.q, pages, batch.weights, count.astype(np.int32), table)
+    decode_args = on_device((batch.q, pages, batch.weights, count.astype(np.int32), table))
     for sorted_ in (False, True):
-        decode = poisoned_np((batch.rows, K))
+        decode = poisoned((batch.rows, K), _DEVICE["name"])
         ffi_dsa.call(*decode_args, decode, sorted=sorted_)
+        decode = decode.cpu().numpy()
         expected = np.where(decode >= 0, decode - first_id[:, None], -1)
         np.testing.assert_array_equal(run_prefill(batch.args(), sorted=sorted_), expected)
 
@@ -565,44 +592,14 @@ def test_numpy_fp8_of_another_format_is_a_dtype_error():
 
 
 # ----------------------------------------------------------------------------------------------
-# CUDA: no prefill kernel yet
+# Devices
 # ----------------------------------------------------------------------------------------------
-
-class _CudaLooking:
-    """A DLPack producer that says it lives on CUDA device 0 (no GPU needed to reach the check)."""
-
-    def __init__(self, shape):
-        self.shape = shape
-
-    def __dlpack_device__(self):
-        return (2, 0)
-
-    def __dlpack__(self, *args, **kwargs):
-        raise AssertionError("nothing may be exported: the call must stop before the kernel")
-
-
-def test_cuda_tensors_raise_not_implemented_before_writing():
-    batch = make_prefill_batch([N], queries=[M], seed=24)
-    out = poisoned_np((M, K))
-    message = r"the CUDA prefill kernel is not built yet"
-    with pytest.raises(NotImplementedError, match=message):
-        ffi_dsa.prefill_topk_indexer(_CudaLooking(batch.q.shape), *batch.args()[1:], out, validate=True)
-    assert (out == SENTINEL).all()
-    with pytest.raises(NotImplementedError, match=message):
-        ffi_dsa.prefill_topk(_CudaLooking(batch.q.shape), *batch.args()[1:], topk=K)
-
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-def test_cuda_torch_tensors_raise_not_implemented():
+def test_arguments_on_two_devices_are_refused_naming_one():
     batch = make_prefill_batch([N], queries=[M], seed=25)
     args = batch.to_torch("cuda")
-    out = poisoned((M, K), "cuda")
-    with pytest.raises(NotImplementedError, match="CUDA prefill kernel"):
-        ffi_dsa.prefill_topk_indexer(*args, out)
-    assert (out == SENTINEL).all()
-    with pytest.raises(NotImplementedError, match="CUDA prefill kernel"):
-        torch.ops.dsa.prefill_topk_indexer(*args, topk=K)
     on_cpu = batch.to_torch()
     out = poisoned((M, K))
     with pytest.raises(ValueError, match=r"^k is on device"):   # q on the CPU: the placement check

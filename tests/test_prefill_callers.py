@@ -264,16 +264,21 @@ def test_jax_topk_and_ids_errors(jax_prefill):
 
 
 @pytest.mark.cuda
-def test_jax_gpu_arrays_raise_not_implemented(jax_prefill):
+@pytest.mark.parametrize("sorted_,ids", [(False, "relative"), (True, "absolute")])
+def test_jax_gpu_matches_the_dps_call_under_jit(jax_prefill, sorted_, ids):
     import jax
 
     try:
         gpu = jax.devices("gpu")[0]
     except RuntimeError:
         pytest.skip("needs a JAX GPU")
-    args = [jax.device_put(a, gpu) for a in jax_args(make_prefill_batch(*CHUNK_A[:1], queries=CHUNK_A[1], seed=12))]
-    with pytest.raises(NotImplementedError, match="CUDA prefill kernel"):
-        jax_prefill.prefill_topk(*args, topk=K)
+    batch = make_exact_prefill_batch(*CHUNK_A[:1], queries=CHUNK_A[1], seed=12)
+    args = [jax.device_put(a, gpu) for a in jax_args(batch)]
+    fn = jax.jit(jax_prefill.prefill_topk, static_argnames=("topk", "sorted", "ids"))
+    out = fn(*args, topk=K, sorted=sorted_, ids=ids)
+    assert next(iter(out.devices())).platform == "gpu"
+    np.testing.assert_array_equal(np.asarray(out), ffi_dsa.reference_prefill(*batch.args(), topk=K, sorted=sorted_,
+                                                                             ids=ids))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -385,14 +390,3 @@ def test_tvm_relax_topk_and_ids_errors():
         tvm_relax.prefill_module(topk=16.0)
     with pytest.raises(ValueError, match="^ids must be"):
         tvm_relax.prefill_module(topk=K, ids="global")
-
-
-@needs_tvm
-def test_tvm_relax_cuda_tensors_get_the_missing_kernel_message(monkeypatch):
-    """No CUDA prefill kernel: kernel_for's message reaches the Relax caller (as tvm-ffi's
-    RuntimeError: tvm-ffi carries no NotImplementedError across its boundary). Simulated on the CPU
-    by letting the global read the CPU tensors' device as CUDA."""
-    monkeypatch.setitem(tvm_relax._DEVICE_NAMES, 1, "cuda")
-    batch = make_prefill_batch(*CHUNK_A[:1], queries=CHUNK_A[1], seed=27)
-    with pytest.raises((NotImplementedError, RuntimeError), match="CUDA prefill kernel is not built yet"):
-        prefill_vm()["main"](*tvm_args(batch))

@@ -16,8 +16,10 @@
 
 #include "ffi_dsa/launch/device_facts.h"
 #include "ffi_dsa/launch/sm90_launch.cuh"
+#include "ffi_dsa/launch/sm90_prefill_launch.cuh"
 #include "ffi_dsa/launch/tuning.h"
 #include "ffi_dsa/validate.h"
+#include "ffi_dsa/validate_prefill.h"
 
 namespace {
 
@@ -41,6 +43,16 @@ void CheckCudaLimits(const ffi_dsa::IndexerArgs& a) {
   }
 }
 
+// The device this call runs on, made current, after checking it is a Hopper GPU.
+const sm90::DeviceFacts& HopperDevice(int device) {
+  const sm90::DeviceFacts& facts = sm90::GetDeviceFacts(device);
+  if (!(facts.major == 9 && facts.minor == 0)) {
+    TVM_FFI_THROW(RuntimeError) << "the ffi_dsa CUDA kernel needs a Hopper GPU (sm_90a); device " << device
+                                << " is sm_" << facts.major << facts.minor;
+  }
+  return facts;
+}
+
 void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, TensorView seq_lens,
                      TensorView block_table, TensorView topk_indices, bool sorted_by_score) {
   const ffi_dsa::IndexerArgs a =
@@ -50,11 +62,7 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
 
   const int device = a.device.device_id;
   tvm::ffi::CUDADeviceGuard guard(device);
-  const sm90::DeviceFacts& facts = sm90::GetDeviceFacts(device);
-  if (!(facts.major == 9 && facts.minor == 0)) {
-    TVM_FFI_THROW(RuntimeError) << "the ffi_dsa CUDA kernel needs a Hopper GPU (sm_90a); device " << device
-                                << " is sm_" << facts.major << facts.minor;
-  }
+  const sm90::DeviceFacts& facts = HopperDevice(device);
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device));
 
   const sm90::Tuning tuning = sm90::CurrentTuning();
@@ -66,6 +74,45 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
     }
   });
   if (!launched) TVM_FFI_THROW(RuntimeError) << "internal: no kernel for H=" << a.heads << ", N=" << a.queries;
+}
+
+// What the prefill kernel takes beyond validate_prefill.h's checks: TMA needs 16-byte aligned q, k
+// and k_scale, and its coordinates are int32 (M x H head rows; keys are int32 by the contract).
+void CheckPrefillCudaLimits(const ffi_dsa::PrefillArgs& a) {
+  const auto& names = ffi_dsa::kPrefillArgNames;
+  for (const auto& [name, data] : {std::pair<const char*, const void*>{names[0], a.q}, {names[1], a.k},
+                                    {names[2], a.k_scale}}) {
+    if (reinterpret_cast<uintptr_t>(data) % 16 != 0) {
+      TVM_FFI_THROW(ValueError) << name << " must start on a 16-byte boundary (TMA); got a view at an offset "
+                                << "that is not";
+    }
+  }
+  const int64_t max_rows = std::numeric_limits<int32_t>::max() / a.heads;
+  if (a.rows > max_rows) {
+    TVM_FFI_THROW(ValueError) << names[0] << " has M = " << a.rows << " query rows; the CUDA kernel's limit is "
+                              << max_rows;
+  }
+}
+
+// Prefill (docs/contract.md §8): DPS like the CPU module's export of the same name.
+void PrefillTopkIndexerCuda(TensorView q, TensorView k, TensorView k_scale, TensorView weights, TensorView ks,
+                            TensorView ke, TensorView topk_indices, bool sorted_by_score, bool absolute_ids) {
+  const ffi_dsa::PrefillArgs a =
+      ffi_dsa::CheckPrefillArgs(q, k, k_scale, weights, ks, ke, topk_indices, kDLCUDA);
+  CheckPrefillCudaLimits(a);
+  if (a.rows == 0 || a.topk == 0) return;
+
+  const int device = a.device.device_id;
+  tvm::ffi::CUDADeviceGuard guard(device);
+  HopperDevice(device);
+  auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device));
+
+  const sm90::Tuning tuning = sm90::CurrentTuning();
+  if (a.heads == ffi_dsa::kNumHeads) {
+    sm90::LaunchPrefill<ffi_dsa::kNumHeads>(a, tuning, stream, sorted_by_score, absolute_ids);
+  } else {
+    sm90::LaunchPrefill<ffi_dsa::kNumHeadsNarrow>(a, tuning, stream, sorted_by_score, absolute_ids);
+  }
 }
 
 tvm::ffi::Map<tvm::ffi::String, int64_t> TuningAsMap(const sm90::Tuning& t) {
@@ -97,5 +144,7 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> CudaOptions() { return TuningAsMap(sm90
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_indexer, TopkIndexerCuda);
+// DPS like topk_indexer: (inputs..., output, scalar attrs); absolute_ids is ids="absolute".
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(prefill_topk_indexer, PrefillTopkIndexerCuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(set_cuda_options, SetCudaOptions);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cuda_options, CudaOptions);

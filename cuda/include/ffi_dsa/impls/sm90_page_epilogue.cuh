@@ -192,11 +192,10 @@ struct StagedWeights {
 // The [64 tokens x kCols] FP8 product of one staged page with a group's Q tiles (4 x wgmma
 // m64nCk32), and this thread's two token scales (rows r0 and r0 + 8), read while the tensor
 // cores work. Every thread of the warpgroup calls it.
+// Issues the [64 tokens x kCols] FP8 product of a staged page (desc_k) with Q tiles (desc_q) into
+// `acc` as one committed wgmma group (4 x m64nCk32 along the head dim); the caller waits for it.
 template <int kCols>
-__device__ __forceinline__ void GroupLogits(float (&acc)[kCols / 2], uint32_t desc_k, uint32_t desc_q,
-                                            const float* page_scales, int r0, float& scale0, float& scale1) {
-#pragma unroll
-  for (int x = 0; x < kCols / 2; ++x) acc[x] = 0.0f;
+__device__ __forceinline__ void IssueProducts(float (&acc)[kCols / 2], uint32_t desc_k, uint32_t desc_q) {
   FenceOperand(acc);
   WgmmaFence();
 #pragma unroll
@@ -204,6 +203,14 @@ __device__ __forceinline__ void GroupLogits(float (&acc)[kCols / 2], uint32_t de
     WgmmaE4M3<kCols>::Run(acc, SmemDesc(DescAdvance(desc_k, kk * 32)), SmemDesc(DescAdvance(desc_q, kk * 32)), kk > 0);
   }
   WgmmaCommit();
+}
+
+template <int kCols>
+__device__ __forceinline__ void GroupLogits(float (&acc)[kCols / 2], uint32_t desc_k, uint32_t desc_q,
+                                            const float* page_scales, int r0, float& scale0, float& scale1) {
+#pragma unroll
+  for (int x = 0; x < kCols / 2; ++x) acc[x] = 0.0f;
+  IssueProducts<kCols>(acc, desc_k, desc_q);
   scale0 = page_scales[r0];
   scale1 = page_scales[r0 + 8];
   WgmmaWait<0>();
@@ -243,13 +250,19 @@ __device__ __forceinline__ float PartialScore(const float (&acc)[kGroupQueries *
 // r0 + 8 * (lane & 1), scale applied. Every lane of the warp calls it (shuffles). A query's
 // weights are fetched just before its products are summed, so that at most one query's are live
 // beside the accumulators.
-template <int kHeads, int kQueries, int kGroup, typename Weights>
+// kAllFactored: the caller has checked that both scales are factorable (FactorableScale), so the
+// exact form is not compiled.
+template <int kHeads, int kQueries, int kGroup, typename Weights, bool kAllFactored = false>
 __device__ __forceinline__ void GroupScores(const float (&acc)[PageGroups<kHeads, kQueries>::Queries(kGroup) * kHeads / 2],
                                             const Weights& weights, float scale0, float scale1, int lane,
                                             float (&score)[PageGroups<kHeads, kQueries>::Slots(kGroup)]) {
   using G = PageGroups<kHeads, kQueries>;
   constexpr int kGroupQueries = G::Queries(kGroup);
-  const bool factored0 = FactorableScale(scale0), factored1 = FactorableScale(scale1);
+  bool factored0 = true, factored1 = true;
+  if constexpr (!kAllFactored) {
+    factored0 = FactorableScale(scale0);
+    factored1 = FactorableScale(scale1);
+  }
   float part[kGroupQueries][2];
 #pragma unroll
   for (int q = 0; q < kGroupQueries; ++q) {

@@ -47,6 +47,26 @@ __device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// MbarWait for a thread that has nothing else to do while it waits (a producer far ahead of its
+// consumers): it sleeps between polls instead of spinning, so it leaves the issue slots of its
+// scheduler to the warps that compute.
+__device__ __forceinline__ void MbarWaitBackoff(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (true) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(SmemAddr(bar)), "r"(parity)
+        : "memory");
+    if (done) return;
+    __nanosleep(64);
+  }
+}
+
 // ---- TMA and bulk copies --------------------------------------------------------------------
 __device__ __forceinline__ void TmaLoad3d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1,
                                           int32_t c2, uint64_t* bar) {

@@ -15,6 +15,7 @@
 
 #include "ffi_dsa/contract.h"
 #include "ffi_dsa/impls/sm90_fused_rows.cuh"
+#include "ffi_dsa/impls/sm90_prefill_rows.cuh"
 #include "ffi_dsa/impls/sm90_score_pages.cuh"
 #include "ffi_dsa/impls/sm90_select_rows.cuh"
 #include "ffi_dsa/sm90_schedule.h"
@@ -80,6 +81,8 @@ inline void SetKernelAttributes(int optin) {
     kernels.push_back(reinterpret_cast<const void*>(ScorePagesKernel<heads(), queries()>));
     kernels.push_back(reinterpret_cast<const void*>(FusedRowsKernel<heads(), queries()>));
   });
+  kernels.push_back(reinterpret_cast<const void*>(PrefillRowsKernel<kNumHeads>));
+  kernels.push_back(reinterpret_cast<const void*>(PrefillRowsKernel<kNumHeadsNarrow>));
   for (const void* kernel : kernels) {
     TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
   }
@@ -103,7 +106,7 @@ inline const DeviceFacts& GetDeviceFacts(int device) {
     if (f.major == 9 && f.minor == 0) {
       // The kernels have fixed shared-memory footprints: check them once per device, not per call.
       const size_t select_bytes = SelectSmemBytes(kMaxStagedKeys);
-      const size_t score_bytes = ScoreSmemBytes<kNumHeads, kMaxQueries>();
+      const size_t score_bytes = std::max(ScoreSmemBytes<kNumHeads, kMaxQueries>(), PrefillSmemBytes<kNumHeads>());
       if (std::max(score_bytes, select_bytes) > f.max_smem_optin) {
         TVM_FFI_THROW(RuntimeError) << "internal: the kernels need " << score_bytes << " and " << select_bytes
                                     << " B of shared memory, device " << device << " allows " << f.max_smem_optin;
