@@ -26,11 +26,14 @@ static_assert(kCandidateCapacity >= kMaxTopK + kPageTokens, "a cut buffer must t
 constexpr int kKeepPerThread = 8;
 constexpr int kKeepRound = kWarpgroupThreads * kKeepPerThread;
 
+// Pages whose candidates one exchange adds (AppendPages).
+constexpr int kMaxPagesPerExchange = 2;
+
 // One warpgroup's scratch.
 struct alignas(16) CandidateScratch {  // 16-aligned: the masks and counts are read as uint4
   uint32_t histogram[256];
   uint32_t round_counts[kKeepPerThread][4];  // kept words per (round slot, warp)
-  uint32_t page_masks[2][4];                 // per warp, by page parity
+  uint32_t page_masks[2][kMaxPagesPerExchange][4];  // per warp, by exchange parity
   uint32_t pick[3];                          // digit, words still needed, words in its bucket
 };
 
@@ -159,33 +162,52 @@ struct RowCandidates {
   }
 };
 
-// Adds one page's candidates of the warpgroup's two query rows. This lane holds the key of query
-// `query` (0 or 1) for token `token` of the page (row r0 + 8 * (lane & 1) of warp `warp`'s 16);
-// `enters` says whether it beats that row's threshold. The words are stored in position order:
-// each warp ORs its lanes' flags into a mask (bit 16 * query + token within the warp's 16) and the
-// four masks, exchanged through shared memory, give every word its place and every thread the new
-// counts.
-__device__ __forceinline__ void AppendPage(RowCandidates (&rows)[2], bool enters, uint64_t word, int query,
-                                           int warp_token, CandidateScratch& s, int warp, int lane, int parity,
-                                           int barrier) {
+// Adds the candidates of kPages consecutive pages of the warpgroup's two query rows. This lane
+// holds, for each page, the key of query `query` (0 or 1) for token `warp_token` of its warp's 16
+// (row r0 + 8 * (lane & 1)); `enters[p]` says whether it beats that row's threshold. The words are
+// stored in position order: each warp ORs its lanes' flags into one mask per page (bit 16 * query +
+// token within the warp's 16) and the masks of the four warps, exchanged through shared memory, give
+// every word its place and every thread the new counts: one barrier for the kPages pages.
+template <int kPages>
+__device__ __forceinline__ void AppendPages(RowCandidates (&rows)[2], const bool (&enters)[kPages],
+                                            const uint64_t (&word)[kPages], int query, int warp_token,
+                                            CandidateScratch& s, int warp, int lane, int parity, int barrier) {
+  static_assert(kPages <= kMaxPagesPerExchange, "page_masks holds kMaxPagesPerExchange pages");
   const int bit = 16 * query + warp_token;
-  const uint32_t mask = __reduce_or_sync(0xFFFFFFFFu, enters ? 1u << bit : 0u);
-  if (lane == 0) s.page_masks[parity][warp] = mask;
-  NamedBarrierSync(barrier, kWarpgroupThreads);
-  const uint4 m = *reinterpret_cast<const uint4*>(s.page_masks[parity]);
-  const uint32_t masks[4] = {m.x, m.y, m.z, m.w};
-  if ((masks[0] | masks[1] | masks[2] | masks[3]) == 0u) return;  // the common case once thresholds rise
-  int added[2] = {0, 0}, before = 0;
+  uint32_t mine[kPages];
 #pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    added[0] += __popc(masks[w] & 0xFFFFu);
-    added[1] += __popc(masks[w] >> 16);
-    if (w < warp) before += __popc((masks[w] >> (16 * query)) & 0xFFFFu);
+  for (int pg = 0; pg < kPages; ++pg) {
+    mine[pg] = __reduce_or_sync(0xFFFFFFFFu, enters[pg] ? 1u << bit : 0u);
+    if (lane == 0) s.page_masks[parity][pg][warp] = mine[pg];
   }
-  if (enters) {
-    before += __popc((mask >> (16 * query)) & ((1u << warp_token) - 1u));
-    uint64_t* end = query == 0 ? rows[0].words + rows[0].count : rows[1].words + rows[1].count;
-    end[before] = word;
+  NamedBarrierSync(barrier, kWarpgroupThreads);
+  uint32_t masks[kPages][4], any = 0;
+#pragma unroll
+  for (int pg = 0; pg < kPages; ++pg) {
+    const uint4 m = *reinterpret_cast<const uint4*>(s.page_masks[parity][pg]);
+    masks[pg][0] = m.x;
+    masks[pg][1] = m.y;
+    masks[pg][2] = m.z;
+    masks[pg][3] = m.w;
+    any |= m.x | m.y | m.z | m.w;
+  }
+  if (any == 0u) return;  // the common case once thresholds rise
+  const uint32_t below = (1u << warp_token) - 1u;
+  int added[2] = {0, 0};
+#pragma unroll
+  for (int pg = 0; pg < kPages; ++pg) {
+    int before = query == 0 ? added[0] : added[1];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      if (w < warp) before += __popc((masks[pg][w] >> (16 * query)) & 0xFFFFu);
+      added[0] += __popc(masks[pg][w] & 0xFFFFu);
+      added[1] += __popc(masks[pg][w] >> 16);
+    }
+    if (enters[pg]) {
+      before += __popc((mine[pg] >> (16 * query)) & below);
+      uint64_t* end = query == 0 ? rows[0].words + rows[0].count : rows[1].words + rows[1].count;
+      end[before] = word[pg];
+    }
   }
   rows[0].count += added[0];
   rows[1].count += added[1];

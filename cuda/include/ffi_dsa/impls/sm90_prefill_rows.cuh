@@ -60,6 +60,10 @@ static_assert(kPrefillMathThreads * kPrefillMathRegisters + kWarpgroupThreads * 
 // and six of those cover an L2 round trip of the TMA unit several times over.
 constexpr int kPrefillStages = 6;
 constexpr int kKeyScaleBytes = kPageTokens * 4;
+// Pages a math warpgroup scores per step (their products issued together, one candidate exchange).
+constexpr int kPrefillPagesPerStep = 2;
+static_assert(kPrefillPagesPerStep <= kMaxPagesPerExchange, "one exchange per step");
+static_assert(kCandidateCapacity >= kMaxTopK + kPrefillPagesPerStep * kPageTokens, "a cut buffer must take a step");
 
 template <int kHeads>
 struct alignas(1024) PrefillSmem {
@@ -187,32 +191,55 @@ __device__ __forceinline__ void ScoreAndSelectRows(PrefillSmem<kHeads>& s, const
   const uint32_t desc_q = SmemDescLow(s.q_tiles + wg * kPrefillRowsPerWarpgroup * kQTileBytes<kHeads>);
   MbarWait(&s.q_full, 0);
 
-  // Per page: its products, then (nothing in flight) the scores, the threshold test, the candidate
-  // exchange and any cut. The other warpgroup's products run on the tensor cores meanwhile.
+  // Two pages per step: both pages' products, then (nothing in flight) both pages' scores, which
+  // the compiler interleaves (two independent epilogues: twice the instruction-level parallelism of
+  // one), one threshold test and candidate exchange for both, and any cut. The other warpgroup's
+  // products run on the tensor cores meanwhile. An odd last page is paired with itself (its second
+  // copy's positions lie past every row's end, so it adds nothing).
   int stage = 0;
   uint32_t phase = 0;
   const int32_t first_key = static_cast<int32_t>(pages.first * kPageTokens) + token;
   const int32_t begin = static_cast<int32_t>(keys.begin), end = static_cast<int32_t>(keys.end);
-  for (int i = 0; i < pages.count; ++i) {
-    float acc[kHeads];
-    IssuePage<kHeads>(s, acc, desc_q, stage, phase);
-    WgmmaWait<0>();
-    FenceOperand(acc);
-    const float score = PageScore<kHeads>(acc, weights, s.scales[stage][r0], s.scales[stage][r0 + 8], lane);
-    MbarArrive(&s.empty[stage]);
+  auto advance = [&] {
     if (++stage == kPrefillStages) {
       stage = 0;
       phase ^= 1;
     }
-    const uint32_t key = ScoreToKey(score);
-    const int32_t j = first_key + i * kPageTokens;
-    const uint32_t threshold = query == 0 ? rows[0].threshold : rows[1].threshold;
-    const bool enters = j >= begin && j < end && key > threshold;
-    AppendPage(rows, enters, RankWord(key, static_cast<uint32_t>(j - begin)), query, warp_token, scratch, warp, lane,
-               i & 1, barrier);
+  };
+  for (int i = 0; i < pages.count; i += kPrefillPagesPerStep) {
+    const bool pair = i + 1 < pages.count;  // uniform
+    const int stage0 = stage;
+    const uint32_t phase0 = phase;
+    if (pair) advance();
+    float acc[kPrefillPagesPerStep][kHeads];
+    IssuePage<kHeads>(s, acc[0], desc_q, stage0, phase0);
+    IssuePage<kHeads>(s, acc[1], desc_q, stage, phase);
+    WgmmaWait<0>();
+    FenceOperand(acc[0]);
+    FenceOperand(acc[1]);
+    const int stages[kPrefillPagesPerStep] = {stage0, stage};
+    bool enters[kPrefillPagesPerStep];
+    uint64_t words[kPrefillPagesPerStep];
+#pragma unroll
+    for (int pg = 0; pg < kPrefillPagesPerStep; ++pg) {
+      const float score = PageScore<kHeads>(acc[pg], weights, s.scales[stages[pg]][r0], s.scales[stages[pg]][r0 + 8],
+                                            lane);
+      const uint32_t key = ScoreToKey(score);
+      const int32_t j = first_key + (i + pg) * kPageTokens;
+      const uint32_t threshold = query == 0 ? rows[0].threshold : rows[1].threshold;
+      enters[pg] = j >= begin && j < end && key > threshold;
+      words[pg] = RankWord(key, static_cast<uint32_t>(j - begin));
+    }
+    MbarArrive(&s.empty[stage0]);
+    if (pair) MbarArrive(&s.empty[stage]);
+    advance();
+    AppendPages<kPrefillPagesPerStep>(rows, enters, words, query, warp_token, scratch, warp, lane,
+                                      (i / kPrefillPagesPerStep) & 1, barrier);
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
-      if (rows[q].count > kCandidateCapacity - kPageTokens) rows[q].Cut(p.topk, scratch, t, barrier);
+      if (rows[q].count > kCandidateCapacity - kPrefillPagesPerStep * kPageTokens) {
+        rows[q].Cut(p.topk, scratch, t, barrier);
+      }
     }
   }
 
