@@ -60,7 +60,7 @@ TOPKS = [1, 17, 512, 1000, 2047, 2048]
 
 
 class Pool:
-    """A packed page pool and its decoded float64 keys (scale applied, as the contract writes it)."""
+    """A packed page pool and its decoded float64 key values and scales."""
 
     def __init__(self, rng: np.random.Generator, exact: bool):
         import ml_dtypes
@@ -95,7 +95,8 @@ class Pool:
             scales[whole[:4]] = -rng.uniform(0.5, 1.5, size=(4, scales.shape[1])).astype(np.float32)
             scales[whole[4:]] = 0.0
         fp8v, scale = unpack_k_cache(self.k_cache)
-        self.keys = (fp8v * scale[..., None]).reshape(POOL_PAGES * PAGE_TOKENS, HEAD_DIM)
+        self.keys = fp8v.reshape(POOL_PAGES * PAGE_TOKENS, HEAD_DIM)
+        self.scales = scale.reshape(POOL_PAGES * PAGE_TOKENS)
         self.exact = exact
 
 
@@ -221,10 +222,10 @@ def reference_rows(pool: Pool, args) -> list[RowScores]:
         valid = (page >= 0) & (page < POOL_PAGES)
         t, page = t[valid], page[valid]
         ids = page * PAGE_TOKENS + t % PAGE_TOKENS
-        keys = pool.keys[ids]
+        keys, scales = pool.keys[ids], pool.scales[ids]
         for j in range(queries):
             m = int(np.searchsorted(t, visible[b, j]))  # the candidates query j sees
-            rows.append(row_scores(keys[:m], qf[b, j], w[b, j], t[:m], ids[:m]))
+            rows.append(row_scores(keys[:m], qf[b, j], w[b, j], t[:m], ids[:m], scales=scales[:m]))
     return rows
 
 

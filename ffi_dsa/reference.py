@@ -43,7 +43,7 @@ def visible_lengths(seq_lens, queries: int, max_pages: int) -> np.ndarray:
 
 
 def reference_scores(q, k_cache, weights, seq_lens, block_table, magnitude: bool = True) -> list[RowScores]:
-    """score[t] = sum_h w[h] * relu(sum_d q[h, d] * fp8[t, d] * scale[t]), in float64, one
+    """score[t] = sum_h w[h] * relu(scale[t] * sum_d q[h, d] * fp8[t, d]), in float64, one
     RowScores per query row (query j of row b is query row b * N + j; N = 1 for a rank-3 q).
 
     Tokens on pages outside [0, num_pages) are not candidates; lengths are clamped to
@@ -67,22 +67,28 @@ def reference_scores(q, k_cache, weights, seq_lens, block_table, magnitude: bool
         slot = t % PAGE_TOKENS
         valid = (page >= 0) & (page < num_pages)
         t, page, slot = t[valid], page[valid], slot[valid]
-        keys = fp8[page, slot] * scale[page, slot][:, None]         # scale before relu, as written
-        rows.append(row_scores(keys, qf[r], w[r], t, page * PAGE_TOKENS + slot, magnitude))
+        rows.append(row_scores(fp8[page, slot], qf[r], w[r], t, page * PAGE_TOKENS + slot, magnitude,
+                               scales=scale[page, slot]))
     return rows
 
 
 def row_scores(keys: np.ndarray, q_row: np.ndarray, w_row: np.ndarray, positions, ids,
-               magnitude: bool = True) -> RowScores:
-    """One row's RowScores from its candidates' float64 keys ``[n, D]`` (fp8 value x scale), the
-    row's float64 q ``[H, D]`` and weights ``[H]``, and the candidates' positions and global ids.
+               magnitude: bool = True, scales: np.ndarray | None = None) -> RowScores:
+    """One row's RowScores from its candidates' float64 fp8 key values ``[n, D]`` and their scales
+    ``[n]`` (None: `keys` already scaled), the row's float64 q ``[H, D]`` and weights ``[H]``, and the
+    candidates' positions and global ids. A token's scale multiplies its logit, the sum over d
+    (docs/contract.md §2: with a +-inf scale, per-product scaling would make nearly every logit NaN).
     ``magnitude=False`` skips max M (a second product of the row's size), which only the tolerance
     check reads."""
     with np.errstate(invalid="ignore", over="ignore"):
         logits = keys @ q_row.T                                    # [n, H]
+        if scales is not None:
+            logits = logits * scales[:, None]
         relu = np.where(logits < 0, 0.0, logits)                   # keeps NaN, as torch.relu does
         score = relu @ w_row
         m = (np.abs(keys) @ np.abs(q_row).T) @ np.abs(w_row) if magnitude else np.zeros(0)  # M[t]
+        if magnitude and scales is not None:
+            m = m * np.abs(scales)
     finite = m[np.isfinite(m)]
     return RowScores(positions=positions, ids=ids, scores=score,
                      magnitude=float(finite.max()) if finite.size else 0.0)

@@ -24,27 +24,28 @@ def key_ranges(ks, ke, num_keys: int) -> tuple[np.ndarray, np.ndarray]:
     return begin, np.maximum(end - begin, 0)
 
 
-def decoded_keys(k, k_scale) -> np.ndarray:
-    """float64 ``[N, 128]``: each key's fp8 values times its scale (scale before relu, as written)."""
+def decoded_keys(k, k_scale) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 ``[N, 128]`` fp8 values, float64 ``[N]`` scales) of the keys."""
     fp8 = to_numpy(k).view(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
-    return fp8 * to_numpy(k_scale).astype(np.float64)[:, None]
+    return fp8, to_numpy(k_scale).astype(np.float64)
 
 
 def reference_prefill_scores(q, k, k_scale, weights, ks, ke, ids: str = "relative",
                              magnitude: bool = True) -> list[RowScores]:
-    """score[i, j] = sum_h w[i, h] * relu(sum_d q[i, h, d] * k[j, d] * k_scale[j]) in float64, one
+    """score[i, j] = sum_h w[i, h] * relu(k_scale[j] * sum_d q[i, h, d] * k[j, d]) in float64, one
     RowScores per query row: positions ``j - begin``, ids as ``ids`` says (``magnitude`` as in
     ffi_dsa.reference.row_scores)."""
     base = absolute_ids(ids)
     qf = to_numpy(q).view(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
     w = to_numpy(weights).astype(np.float64)
-    keys = decoded_keys(k, k_scale)
+    keys, scales = decoded_keys(k, k_scale)
     begin, count = key_ranges(ks, ke, keys.shape[0])
     rows = []
     for i in range(qf.shape[0]):
         positions = np.arange(count[i])
-        row_keys = keys[begin[i]:begin[i] + count[i]]
-        rows.append(row_scores(row_keys, qf[i], w[i], positions, positions + begin[i] * base, magnitude))
+        at = slice(begin[i], begin[i] + count[i])
+        rows.append(row_scores(keys[at], qf[i], w[i], positions, positions + begin[i] * base, magnitude,
+                               scales=scales[at]))
     return rows
 
 
