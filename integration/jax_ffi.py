@@ -64,6 +64,20 @@ def register(platform: str) -> None:
         _registered.add(platform)
 
 
+def checked_for_trace(args, topk, static_names: tuple, check_shapes, register, target: str) -> int:
+    """What an entry point does before it calls its op: `topk` as a static int (TypeError naming
+    the static arguments otherwise), the C++ checks on the arrays' shapes and dtypes
+    (`check_shapes(shapes, dtypes, topk)`), and `target` registered for their platform."""
+    try:
+        topk = int(topk)
+    except TypeError:
+        raise TypeError("topk must be a static Python int (mark it static in jax.jit: "
+                        f"static_argnames={tuple(static_names)!r})") from None
+    check_shapes(tuple(tuple(int(d) for d in a.shape) for a in args), tuple(str(a.dtype) for a in args), topk)
+    register_for(register, args, target)
+    return topk
+
+
 def register_for(register, arrays, target: str) -> None:
     """Register `target` (through its module's `register(platform)`) for the CPU, and for the
     platform of `arrays` when that is another one."""
@@ -198,13 +212,7 @@ def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT
     inputs (jax_sharding.py). Shape/dtype mistakes raise ValueError/TypeError at trace time.
     """
     args = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in (q, k_cache, weights, seq_lens, block_table)]
-    try:
-        topk = int(topk)
-    except TypeError:
-        raise TypeError("topk must be a static Python int (mark it static in jax.jit: "
-                        "static_argnames=('topk', 'sorted'))") from None
-    check_shapes(tuple(tuple(int(d) for d in a.shape) for a in args), tuple(str(a.dtype) for a in args), topk)
-    register_for(register, args, TARGET)
+    topk = checked_for_trace(args, topk, ("topk", "sorted"), check_shapes, register, TARGET)
     return _batched_op(topk, bool(sorted))(*args)
 
 

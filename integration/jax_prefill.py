@@ -30,7 +30,7 @@ from .. import _ffi_api
 from ..api import checked_topk
 from ..contract import DEFAULT_TOPK
 from ..prefill import ARG_NAMES, absolute_ids, kernel_for
-from .jax_ffi import register_for, run_shape_check
+from .jax_ffi import checked_for_trace, run_shape_check
 from .jax_sharding import batch_partitioned
 
 TARGET = "ffi_dsa_prefill_topk_indexer"
@@ -120,13 +120,7 @@ def prefill_topk(q, k, k_scale, weights, ks, ke, topk: int = DEFAULT_TOPK, sorte
     """
     absolute = absolute_ids(ids)
     args = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in (q, k, k_scale, weights, ks, ke)]
-    try:
-        topk = int(topk)
-    except TypeError:
-        raise TypeError("topk must be a static Python int (mark it static in jax.jit: "
-                        "static_argnames=('topk', 'sorted', 'ids'))") from None
-    check_shapes(tuple(tuple(int(d) for d in a.shape) for a in args), tuple(str(a.dtype) for a in args), topk)
-    register_for(register, args, TARGET)
+    topk = checked_for_trace(args, topk, ("topk", "sorted", "ids"), check_shapes, register, TARGET)
     return _op(topk, bool(sorted), absolute)(*args)
 
 

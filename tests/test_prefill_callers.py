@@ -3,7 +3,7 @@
 TVM (ffi_dsa.integration.tvm_relax: the DPS globals, and Relax through R.call_dps_packed; the
 Relax cases skip without apache-tvm).
 Each must give exactly the bytes of ffi_dsa.prefill_topk_indexer on the same inputs, and name
-mistakes before anything is written. CPU only: there is no CUDA prefill kernel yet.
+mistakes before anything is written. The CUDA cases (marked cuda) run where a GPU is present.
 """
 
 from __future__ import annotations
