@@ -7,8 +7,9 @@
 // The exact top K is thus always inside the buffer, whatever the data (plateaus, ties, NaN,
 // scores rising along the row), and no score leaves the SM.
 //
-// Everything here is run by one math warpgroup (128 threads) on the rows it scores, synchronised by
-// its own named barrier; the counts and thresholds are the same in every thread of it.
+// Everything here is run by the team that scores two query rows (two math warpgroups, 256 threads,
+// sm90_prefill_rows.cuh), synchronised by the team's named barrier; the counts and thresholds are
+// the same in every thread of it.
 #pragma once
 #include <cstdint>
 
@@ -22,19 +23,24 @@ namespace ffi_dsa::sm90 {
 // their buffer a few times per 64K keys (about K * ln(length / K) words beat a rising threshold).
 constexpr int kCandidateCapacity = 4096;
 static_assert(kCandidateCapacity >= kMaxTopK + kPageTokens, "a cut buffer must take a page");
+// The threads of a team: two warpgroups, each scoring one page of every exchange.
+constexpr int kTeamWarpgroups = 2;
+constexpr int kTeamThreads = kTeamWarpgroups * kWarpgroupThreads;
+constexpr int kTeamWarps = kTeamThreads / 32;
 // Words each thread takes per round when a buffer is cut or emitted in order.
-constexpr int kKeepPerThread = 8;
-constexpr int kKeepRound = kWarpgroupThreads * kKeepPerThread;
+constexpr int kKeepPerThread = 4;
+constexpr int kKeepRound = kTeamThreads * kKeepPerThread;
+// Pages whose candidates one exchange adds (AppendTeamPages): one per warpgroup of the team.
+constexpr int kPagesPerExchange = kTeamWarpgroups;
+constexpr int kRadixBuckets = 256;
+static_assert(kRadixBuckets == kTeamThreads, "BestCut clears its histogram with one store per thread");
 
-// Pages whose candidates one exchange adds (AppendPages).
-constexpr int kMaxPagesPerExchange = 2;
-
-// One warpgroup's scratch.
+// One team's scratch.
 struct alignas(16) CandidateScratch {  // 16-aligned: the masks and counts are read as uint4
-  uint32_t histogram[256];
-  uint32_t round_counts[kKeepPerThread][4];  // kept words per (round slot, warp)
-  uint32_t page_masks[2][kMaxPagesPerExchange][4];  // per warp, by exchange parity
-  uint32_t pick[3];                          // digit, words still needed, words in its bucket
+  uint32_t histogram[kRadixBuckets];
+  uint32_t round_counts[kKeepPerThread][kTeamWarps];  // kept words per (round slot, warp)
+  uint32_t warp_counts[2][kPagesPerExchange * 4];    // per (page, warp of its warpgroup), by exchange parity
+  uint32_t pick[3];                                   // digit, words still needed, words in its bucket
 };
 
 // The rank word above which exactly `keep` of words[0, count) lie (>=): a radix select, eight bits
@@ -48,13 +54,12 @@ __device__ __forceinline__ uint64_t BestCut(const uint64_t* words, int count, in
   for (int pass = 0; pass < 8; ++pass) {
     const int shift = 56 - 8 * pass;
     s.histogram[t] = 0;
-    s.histogram[t + kWarpgroupThreads] = 0;
-    NamedBarrierSync(barrier, kWarpgroupThreads);
-    for (int e = t; e < count; e += kWarpgroupThreads) {
+    NamedBarrierSync(barrier, kTeamThreads);
+    for (int e = t; e < count; e += kTeamThreads) {
       const uint64_t w = words[e];
       if (pass == 0 || (w >> (shift + 8)) == prefix) atomicAdd(&s.histogram[(w >> shift) & 255], 1u);
     }
-    NamedBarrierSync(barrier, kWarpgroupThreads);
+    NamedBarrierSync(barrier, kTeamThreads);
     if (t < 32) {
       // Lane l reads buckets 255 - 8l down to 248 - 8l: a prefix sum over lanes counts the words
       // in higher buckets.
@@ -84,7 +89,7 @@ __device__ __forceinline__ uint64_t BestCut(const uint64_t* words, int count, in
         }
       }
     }
-    NamedBarrierSync(barrier, kWarpgroupThreads);
+    NamedBarrierSync(barrier, kTeamThreads);
     prefix = (prefix << 8) | s.pick[0];
     bits += 8;
     keep = static_cast<int>(s.pick[1]);
@@ -107,20 +112,25 @@ __device__ __forceinline__ int KeepInOrder(const uint64_t* words, int count, uin
     uint32_t ballot[kKeepPerThread];
 #pragma unroll
     for (int k = 0; k < kKeepPerThread; ++k) {
-      const int e = base + k * kWarpgroupThreads + t;
+      const int e = base + k * kTeamThreads + t;
       w[k] = e < count ? words[e] : 0;
       ballot[k] = __ballot_sync(0xFFFFFFFFu, e < count && w[k] >= cut);
       if (lane == 0) s.round_counts[k][warp] = __popc(ballot[k]);
     }
-    NamedBarrierSync(barrier, kWarpgroupThreads);
+    NamedBarrierSync(barrier, kTeamThreads);
 #pragma unroll
     for (int k = 0; k < kKeepPerThread; ++k) {
-      const uint4 c = *reinterpret_cast<const uint4*>(s.round_counts[k]);
-      const int before = (warp > 0 ? c.x : 0) + (warp > 1 ? c.y : 0) + (warp > 2 ? c.z : 0);
+      int before = 0, round = 0;
+#pragma unroll
+      for (int x = 0; x < kTeamWarps; ++x) {
+        const int c = static_cast<int>(s.round_counts[k][x]);
+        before += x < warp ? c : 0;
+        round += c;
+      }
       if ((ballot[k] >> lane) & 1u) sink(kept + before + __popc(ballot[k] & below), w[k]);
-      kept += c.x + c.y + c.z + c.w;
+      kept += round;
     }
-    NamedBarrierSync(barrier, kWarpgroupThreads);  // round_counts is rewritten by the next round
+    NamedBarrierSync(barrier, kTeamThreads);  // round_counts is rewritten by the next round
   }
   return kept;
 }
@@ -129,7 +139,7 @@ __device__ __forceinline__ int KeepInOrder(const uint64_t* words, int count, uin
 __device__ __forceinline__ void SortDescending(uint64_t* words, int n, int t, int barrier) {
   for (int size = 2; size <= n; size <<= 1) {
     for (int stride = size / 2; stride > 0; stride >>= 1) {
-      for (int i = t; i < n / 2; i += kWarpgroupThreads) {
+      for (int i = t; i < n / 2; i += kTeamThreads) {
         const int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
         const uint64_t a = words[lo], b = words[hi];
         const bool descending = (lo & size) == 0;
@@ -138,13 +148,13 @@ __device__ __forceinline__ void SortDescending(uint64_t* words, int n, int t, in
           words[hi] = a;
         }
       }
-      NamedBarrierSync(barrier, kWarpgroupThreads);
+      NamedBarrierSync(barrier, kTeamThreads);
     }
   }
 }
 
 // One query row's buffer while its keys are scored: where its words are, how many, and the key a
-// new word must beat. Every thread of the warpgroup holds the same values.
+// new word must beat. Every thread of the team holds the same values.
 struct RowCandidates {
   uint64_t* words;
   int count;
@@ -153,7 +163,7 @@ struct RowCandidates {
   // Cuts the buffer to its `keep` best words, in order, and raises the threshold to the key of
   // the keep-th best word's bucket (a lower bound of its key: a superset still enters).
   __device__ __forceinline__ void Cut(int keep, CandidateScratch& s, int t, int barrier) {
-    NamedBarrierSync(barrier, kWarpgroupThreads);  // the page's words are stored
+    NamedBarrierSync(barrier, kTeamThreads);  // the page's words are stored
     const uint64_t cut = BestCut(words, count, keep, s, t, barrier);
     uint64_t* buffer = words;
     count = KeepInOrder(words, count, cut, s, t, barrier, [&](int rank, uint64_t w) { buffer[rank] = w; });
@@ -162,55 +172,47 @@ struct RowCandidates {
   }
 };
 
-// Adds the candidates of kPages consecutive pages of the warpgroup's two query rows. This lane
-// holds, for each page, the key of query `query` (0 or 1) for token `warp_token` of its warp's 16
-// (row r0 + 8 * (lane & 1)); `enters[p]` says whether it beats that row's threshold. The words are
-// stored in position order: each warp ORs its lanes' flags into one mask per page (bit 16 * query +
-// token within the warp's 16) and the masks of the four warps, exchanged through shared memory, give
-// every word its place and every thread the new counts: one barrier for the kPages pages.
-template <int kPages>
-__device__ __forceinline__ void AppendPages(RowCandidates (&rows)[2], const bool (&enters)[kPages],
-                                            const uint64_t (&word)[kPages], int query, int warp_token,
-                                            CandidateScratch& s, int warp, int lane, int parity, int barrier) {
-  static_assert(kPages <= kMaxPagesPerExchange, "page_masks holds kMaxPagesPerExchange pages");
-  const int bit = 16 * query + warp_token;
-  uint32_t mine[kPages];
+// Adds the candidates of the team's two pages (page `page` of the exchange is scored by warpgroup
+// `page` of the team: page 0 holds the smaller positions) for its two query rows. This lane holds
+// the key of query `query` (0 or 1) for token `warp_token` of its warp's 16 (row r0 + 8 * (lane &
+// 1)) of its warpgroup's page; `enters` says whether it beats that row's threshold. The words are
+// stored in position order: each warp ORs its lanes' flags into one mask (bit 16 * query + token
+// within the warp's 16) and publishes its two rows' counts packed in one word (at most 16 each, so
+// sums of the eight warps' words never carry between the halves); a word's place is the packed sum
+// of the warps before its own plus its rank in its own warp's mask. One barrier per exchange.
+__device__ __forceinline__ void AppendTeamPages(RowCandidates (&rows)[2], bool enters, uint64_t word, int page,
+                                                int query, int warp_token, CandidateScratch& s, int warp, int lane,
+                                                int parity, int barrier) {
+  constexpr int kWarpsPerExchange = kPagesPerExchange * 4;
+  const uint32_t mine = __reduce_or_sync(0xFFFFFFFFu, enters ? 1u << (16 * query + warp_token) : 0u);
+  if (lane == 0) s.warp_counts[parity][page * 4 + warp] = __popc(mine & 0xFFFFu) | (__popc(mine >> 16) << 16);
+  NamedBarrierSync(barrier, kTeamThreads);
+  uint32_t counts[kWarpsPerExchange];
 #pragma unroll
-  for (int pg = 0; pg < kPages; ++pg) {
-    mine[pg] = __reduce_or_sync(0xFFFFFFFFu, enters[pg] ? 1u << bit : 0u);
-    if (lane == 0) s.page_masks[parity][pg][warp] = mine[pg];
+  for (int x = 0; x < kWarpsPerExchange; x += 4) {
+    const uint4 c = *reinterpret_cast<const uint4*>(&s.warp_counts[parity][x]);
+    counts[x] = c.x;
+    counts[x + 1] = c.y;
+    counts[x + 2] = c.z;
+    counts[x + 3] = c.w;
   }
-  NamedBarrierSync(barrier, kWarpgroupThreads);
-  uint32_t masks[kPages][4], any = 0;
+  const int me = page * 4 + warp;  // warp-uniform
+  uint32_t total = 0, before = 0;
 #pragma unroll
-  for (int pg = 0; pg < kPages; ++pg) {
-    const uint4 m = *reinterpret_cast<const uint4*>(s.page_masks[parity][pg]);
-    masks[pg][0] = m.x;
-    masks[pg][1] = m.y;
-    masks[pg][2] = m.z;
-    masks[pg][3] = m.w;
-    any |= m.x | m.y | m.z | m.w;
+  for (int x = 0; x < kWarpsPerExchange; ++x) {
+    total += counts[x];
+    before += x < me ? counts[x] : 0u;
   }
-  if (any == 0u) return;  // the common case once thresholds rise
-  const uint32_t below = (1u << warp_token) - 1u;
-  int added[2] = {0, 0};
-#pragma unroll
-  for (int pg = 0; pg < kPages; ++pg) {
-    int before = query == 0 ? added[0] : added[1];
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      if (w < warp) before += __popc((masks[pg][w] >> (16 * query)) & 0xFFFFu);
-      added[0] += __popc(masks[pg][w] & 0xFFFFu);
-      added[1] += __popc(masks[pg][w] >> 16);
-    }
-    if (enters[pg]) {
-      before += __popc((mine[pg] >> (16 * query)) & below);
-      uint64_t* end = query == 0 ? rows[0].words + rows[0].count : rows[1].words + rows[1].count;
-      end[before] = word[pg];
-    }
+  if (total == 0u) return;
+  if (enters) {
+    const int shift = 16 * query;
+    const int rank = static_cast<int>((before >> shift) & 0xFFFFu) +
+                     __popc((mine >> shift) & ((1u << warp_token) - 1u));
+    uint64_t* end = query == 0 ? rows[0].words + rows[0].count : rows[1].words + rows[1].count;
+    end[rank] = word;
   }
-  rows[0].count += added[0];
-  rows[1].count += added[1];
+  rows[0].count += static_cast<int>(total & 0xFFFFu);
+  rows[1].count += static_cast<int>(total >> 16);
 }
 
 // Writes a row's output: its `topk` best words' ids (by position, or by rank word when
@@ -218,7 +220,7 @@ __device__ __forceinline__ void AppendPages(RowCandidates (&rows)[2], const bool
 // absolute ids, else 0).
 __device__ __forceinline__ void EmitRow(RowCandidates& row, int topk, bool sorted_by_score, int64_t first_id,
                                         int32_t* out, CandidateScratch& s, int t, int barrier) {
-  NamedBarrierSync(barrier, kWarpgroupThreads);  // the last page's words are stored
+  NamedBarrierSync(barrier, kTeamThreads);  // the last page's words are stored
   const int take = row.count < topk ? row.count : topk;
   const uint64_t cut = BestCut(row.words, row.count, take, s, t, barrier);
   auto id_of = [&](uint64_t w) { return static_cast<int32_t>(first_id + RankWordPosition(w)); };
@@ -231,12 +233,12 @@ __device__ __forceinline__ void EmitRow(RowCandidates& row, int topk, bool sorte
     written = KeepInOrder(row.words, row.count, cut, s, t, barrier, [&](int rank, uint64_t w) { buffer[rank] = w; });
     int n = 1;
     while (n < written) n <<= 1;
-    for (int e = written + t; e < n; e += kWarpgroupThreads) buffer[e] = 0;  // below every word
-    NamedBarrierSync(barrier, kWarpgroupThreads);
+    for (int e = written + t; e < n; e += kTeamThreads) buffer[e] = 0;  // below every word
+    NamedBarrierSync(barrier, kTeamThreads);
     SortDescending(buffer, n, t, barrier);
-    for (int e = t; e < written; e += kWarpgroupThreads) out[e] = id_of(buffer[e]);
+    for (int e = t; e < written; e += kTeamThreads) out[e] = id_of(buffer[e]);
   }
-  for (int e = written + t; e < topk; e += kWarpgroupThreads) out[e] = -1;
+  for (int e = written + t; e < topk; e += kTeamThreads) out[e] = -1;
 }
 
 }  // namespace ffi_dsa::sm90

@@ -3,21 +3,23 @@
 // cores and selects while it scores (sm90_prefill_candidates.cuh): the [M, N] scores never leave
 // the SM, and the call needs no workspace.
 //
-// Roles (one CTA, 384 threads):
-//   warpgroups 0-1  math: warpgroup w scores rows 2w and 2w + 1 of the block against every key
-//                   page (64 keys) of the block's range: one wgmma m64nCk32 sequence per page with
-//                   both rows' heads on N (C = 2 x H columns, the layout of DeepGEMM's fp8_mqa_logits
-//                   and of the decode kernels, sm90_page_epilogue.cuh), then the scores (relu, head
-//                   weights, head sum, key scale) and the ones that beat its rows' thresholds added
-//                   to their candidates. The two warpgroups share the tensor cores: one's products
-//                   run while the other computes its scores. At the end each row of the warpgroup
-//                   is selected from its candidates and written.
-//   warpgroup 2     producer, one thread: the block's Q (4 rows x H heads) once, then every key
+// Roles (one CTA, 640 threads):
+//   warpgroups 0-3  math, in two teams of two: team e scores rows 2e and 2e + 1 of the block, its
+//                   warpgroup m the pages m, m + 2, m + 4, ... of the block's range: one wgmma
+//                   m64nCk32 sequence per page with both rows' heads on N (C = 2 x H columns, the
+//                   layout of DeepGEMM's fp8_mqa_logits and of the decode kernels,
+//                   sm90_page_epilogue.cuh), then the scores (relu, head weights, head sum, key
+//                   scale). The team adds the ones that beat its rows' thresholds to their
+//                   candidates, both pages at once, and at the end selects and writes each row.
+//                   Four math warps per scheduler (DeepGEMM's logits kernel runs four math
+//                   warpgroups too): while one warp waits on its products or its team's barrier,
+//                   the others issue, and the tensor cores always hold some warpgroup's products.
+//   warpgroup 4     producer, one thread: the block's Q (4 rows x H heads) once, then every key
 //                   page into a ring of kPrefillStages stages (keys and their scales by TMA; keys
 //                   and scales past N are zero-filled by the TMA unit and masked by the math
 //                   threads). It sleeps between polls of a busy stage (MbarWaitBackoff): its
 //                   scheduler also issues for math warps.
-// Both warpgroups consume every page of the block's range, so a page is read from L2 once for four
+// Both teams consume every page of the block's range, so a page is read from L2 once for four
 // rows. Blocks are taken longest-first (the last block of a causal chunk sees the most keys), so
 // the hardware's in-order CTA dispatch ends the grid on short blocks.
 #pragma once
@@ -44,26 +46,28 @@ struct PrefillParams {
   bool absolute_ids;
 };
 
-constexpr int kPrefillRowsPerWarpgroup = 2;
-constexpr int kPrefillMathWarpgroups = 2;
-constexpr int kPrefillBlockRows = kPrefillRowsPerWarpgroup * kPrefillMathWarpgroups;
-constexpr int kPrefillMathThreads = kPrefillMathWarpgroups * kWarpgroupThreads;
+constexpr int kTeamRows = 2;  // query rows a team scores: both in one wgmma sequence per page
+constexpr int kPrefillTeams = 2;
+constexpr int kPrefillBlockRows = kTeamRows * kPrefillTeams;
+constexpr int kPrefillMathThreads = kPrefillTeams * kTeamThreads;
 constexpr int kPrefillThreads = kPrefillMathThreads + kWarpgroupThreads;
-// Registers per thread after the role split (setmaxnreg; the launch gives 384 x 168): the math
-// warpgroups hold two pages' accumulators, both rows' head weights and the candidate state; the
-// producer warpgroup (one issuing thread) needs few.
-constexpr uint32_t kPrefillMathRegisters = 216;
-constexpr uint32_t kPrefillProducerRegisters = 40;
+// Registers per thread after the role split (setmaxnreg): the launch gives each thread 96 (640
+// threads: whole warpgroups of 65536 / 640), the producer warpgroup (one issuing thread) gives most
+// of its own to the math warpgroups, which hold one page's accumulators and the candidate state.
+// The head weights do not fit beside them and are read from the team's copy in shared memory.
+constexpr uint32_t kPrefillLaunchRegisters = 65536 / kPrefillThreads / 8 * 8;
+constexpr uint32_t kPrefillMathRegisters = 112;
+constexpr uint32_t kPrefillProducerRegisters = 24;
 static_assert(kPrefillMathThreads * kPrefillMathRegisters + kWarpgroupThreads * kPrefillProducerRegisters <=
-                  65536, "the register split must fit the register file");
+                  kPrefillThreads * kPrefillLaunchRegisters,
+              "the register split must fit the CTA's launch allocation");
 // Pages in flight: a page is consumed in about the tensor-core time of its four rows' products,
-// and six of those cover an L2 round trip of the TMA unit several times over.
+// and six of those cover an L2 round trip of the TMA unit several times over. Even, so that each
+// warpgroup of a team, taking every other page, keeps to the same half of the stages per phase.
 constexpr int kPrefillStages = 6;
+static_assert(kPrefillStages % kTeamWarpgroups == 0, "a warpgroup's pages advance the ring by whole turns");
 constexpr int kKeyScaleBytes = kPageTokens * 4;
-// Pages a math warpgroup scores per step (their products issued together, one candidate exchange).
-constexpr int kPrefillPagesPerStep = 2;
-static_assert(kPrefillPagesPerStep <= kMaxPagesPerExchange, "one exchange per step");
-static_assert(kCandidateCapacity >= kMaxTopK + kPrefillPagesPerStep * kPageTokens, "a cut buffer must take a step");
+static_assert(kCandidateCapacity >= kMaxTopK + kPagesPerExchange * kPageTokens, "a cut buffer must take an exchange");
 
 template <int kHeads>
 struct alignas(1024) PrefillSmem {
@@ -71,7 +75,8 @@ struct alignas(1024) PrefillSmem {
   uint8_t q_tiles[kPrefillBlockRows * kQTileBytes<kHeads>];
   uint64_t words[kPrefillBlockRows][kCandidateCapacity];
   float scales[kPrefillStages][kPageTokens];
-  CandidateScratch scratch[kPrefillMathWarpgroups];
+  float weights[kPrefillTeams][kTeamRows * kHeads];  // each team's rows, laid out for StagedWeights
+  CandidateScratch scratch[kPrefillTeams];
   uint64_t full[kPrefillStages];
   uint64_t empty[kPrefillStages];
   uint64_t q_full;
@@ -141,12 +146,12 @@ __device__ __forceinline__ void ProduceBlock(PrefillSmem<kHeads>& s, const CUten
 }
 
 // Issues the products of the page in `stage` (once its load of phase `phase` has landed) with the
-// warpgroup's two Q tiles into `acc`; the caller waits for them.
+// team's two Q tiles into `acc`; the caller waits for them.
 template <int kHeads>
 __device__ __forceinline__ void IssuePage(PrefillSmem<kHeads>& s, float (&acc)[kHeads], uint32_t desc_q, int stage,
                                           uint32_t phase) {
   MbarWait(&s.full[stage], phase);
-  IssueProducts<kPrefillRowsPerWarpgroup * kHeads>(acc, SmemDescLow(s.k_tiles[stage]), desc_q);
+  IssueProducts<kTeamRows * kHeads>(acc, SmemDescLow(s.k_tiles[stage]), desc_q);
   FenceOperand(acc);
 }
 
@@ -158,93 +163,94 @@ __device__ __forceinline__ float PageScore(const float (&acc)[kHeads], const Wei
                                            float scale1, int lane) {
   float score[1];
   if (__all_sync(0xFFFFFFFFu, FactorableScale(scale0) && FactorableScale(scale1))) {
-    GroupScores<kHeads, kPrefillRowsPerWarpgroup, 0, Weights, true>(acc, weights, scale0, scale1, lane, score);
+    GroupScores<kHeads, kTeamRows, 0, Weights, true>(acc, weights, scale0, scale1, lane, score);
   } else {
-    GroupScores<kHeads, kPrefillRowsPerWarpgroup, 0>(acc, weights, scale0, scale1, lane, score);
+    GroupScores<kHeads, kTeamRows, 0>(acc, weights, scale0, scale1, lane, score);
   }
   return score[0];
 }
 
-// A math warpgroup: its two rows of the block, scored page after page and selected.
+// Copies the team's rows' head weights into its shared copy (rows past M take row M - 1's, never
+// output), in the order StagedWeights reads them. The caller orders it before the first read.
+template <int kHeads>
+__device__ __forceinline__ void StageTeamWeights(const PrefillParams& p, int64_t first_row, float* copy, int t) {
+  for (int x = t; x < kTeamRows * kHeads; x += kTeamThreads) {
+    const int64_t row = first_row + x / kHeads < p.rows ? first_row + x / kHeads : p.rows - 1;
+    copy[StagedWeights<kHeads, kTeamRows>::Place(x)] = __ldg(p.weights + row * kHeads + x % kHeads);
+  }
+}
+
+// A math warpgroup: its share of its team's pages, scored; the team's two rows selected.
 template <int kHeads>
 __device__ __forceinline__ void ScoreAndSelectRows(PrefillSmem<kHeads>& s, const PrefillParams& p, int64_t row0,
-                                                   BlockPages pages, int tid) {
-  using Weights = RowWeights<kHeads, kPrefillRowsPerWarpgroup, kPrefillRowsPerWarpgroup * kHeads>;
-  const int wg = tid / kWarpgroupThreads, t = tid % kWarpgroupThreads, warp = t / 32, lane = t % 32;
-  const int barrier = 1 + wg;
-  CandidateScratch& scratch = s.scratch[wg];
+                                                   BlockPages pages, uint32_t tid) {
+  using Weights = StagedWeights<kHeads, kTeamRows>;
+  // Lane values from unsigned arithmetic, once: the loop below runs near the register cap, and
+  // whatever ptxas rebuilds there it rebuilds on every page.
+  // The warp's index read through a shuffle: ptxas then knows it is warp-uniform, and keeps the
+  // stage, phase and descriptors derived from it in uniform registers (DeepGEMM does the same).
+  const uint32_t cta_warp = __shfl_sync(0xFFFFFFFFu, tid / 32, 0);
+  const int team = static_cast<int>(cta_warp / kTeamWarps), t = static_cast<int>(tid % kTeamThreads);
+  const int member = static_cast<int>(cta_warp / 4 % kTeamWarpgroups);
+  const int warp = static_cast<int>(cta_warp % 4), lane = static_cast<int>(tid % 32);
+  const int barrier = 1 + team;
+  CandidateScratch& scratch = s.scratch[team];
   // Accumulator layout of wgmma m64nN: rows r0 and r0 + 8 of the page; after GroupScores' quad
   // reduction this lane holds query (lane >> 1) & 1 of the pair for token r0 + 8 * (lane & 1).
-  const int r0 = 16 * warp + lane / 4;
+  const int r0 = 16 * warp + (lane >> 2);
   const int query = (lane >> 1) & 1;
-  const int warp_token = lane / 4 + 8 * (lane & 1);
+  const int warp_token = (lane >> 2) + 8 * (lane & 1);
   const int token = 16 * warp + warp_token;
-  const int64_t first_row = row0 + kPrefillRowsPerWarpgroup * wg;
+  const int64_t first_row = row0 + kTeamRows * team;
   const KeyRange keys = RowKeys(p, first_row + query);  // of this lane's query
-  Weights weights;
-#pragma unroll
-  for (int q = 0; q < kPrefillRowsPerWarpgroup; ++q) {  // rows past M read row M - 1's (never output)
-    const int64_t row = first_row + q < p.rows ? first_row + q : p.rows - 1;
-    LoadHeadWeights<kHeads>(p.weights + row * kHeads, lane, weights.held[q]);
-  }
-  RowCandidates rows[2] = {{s.words[2 * wg], 0, kNotCandidate}, {s.words[2 * wg + 1], 0, kNotCandidate}};
-  const uint32_t desc_q = SmemDescLow(s.q_tiles + wg * kPrefillRowsPerWarpgroup * kQTileBytes<kHeads>);
+  StageTeamWeights<kHeads>(p, first_row, s.weights[team], t);
+  const Weights weights{s.weights[team]};
+  RowCandidates rows[2] = {{s.words[2 * team], 0, kNotCandidate}, {s.words[2 * team + 1], 0, kNotCandidate}};
+  const uint32_t desc_q = SmemDescLow(s.q_tiles + team * kTeamRows * kQTileBytes<kHeads>);
   MbarWait(&s.q_full, 0);
+  NamedBarrierSync(barrier, kTeamThreads);  // the weights are staged
 
-  // Two pages per step: both pages' products, then (nothing in flight) both pages' scores, which
-  // the compiler interleaves (two independent epilogues: twice the instruction-level parallelism of
-  // one), one threshold test and candidate exchange for both, and any cut. The other warpgroup's
-  // products run on the tensor cores meanwhile. An odd last page is paired with itself (its second
-  // copy's positions lie past every row's end, so it adds nothing).
-  int stage = 0;
+  // Per exchange, each warpgroup of the team scores one page (member 0 the earlier): its
+  // products, then its scores, read as soon as they land (the stage is released at once); one
+  // threshold test and candidate exchange for both pages, and any cut. An odd last page leaves
+  // member 1 without one: it only joins the exchange.
+  int stage = member;
   uint32_t phase = 0;
-  const int32_t first_key = static_cast<int32_t>(pages.first * kPageTokens) + token;
+  // This lane's token position in its warpgroup's current page.
+  int32_t j = static_cast<int32_t>((pages.first + member) * kPageTokens) + token;
   const int32_t begin = static_cast<int32_t>(keys.begin), end = static_cast<int32_t>(keys.end);
-  auto advance = [&] {
-    if (++stage == kPrefillStages) {
-      stage = 0;
+  for (int i = 0; i < pages.count; i += kPagesPerExchange, j += kPagesPerExchange * kPageTokens) {
+    bool enters = false;
+    uint64_t word = 0;
+    if (i + member < pages.count) {  // uniform over the warpgroup
+      float acc[kHeads];
+      IssuePage<kHeads>(s, acc, desc_q, stage, phase);
+      const float scale0 = s.scales[stage][r0], scale1 = s.scales[stage][r0 + 8];
+      WgmmaWait<0>();
+      FenceOperand(acc);
+      MbarArrive(&s.empty[stage]);
+      const uint32_t key = ScoreToKey(PageScore<kHeads>(acc, weights, scale0, scale1, lane));
+      const uint32_t threshold = query == 0 ? rows[0].threshold : rows[1].threshold;
+      enters = j >= begin && j < end && key > threshold;
+      word = RankWord(key, static_cast<uint32_t>(j - begin));
+    }
+    stage += kTeamWarpgroups;
+    if (stage >= kPrefillStages) {
+      stage -= kPrefillStages;
       phase ^= 1;
     }
-  };
-  for (int i = 0; i < pages.count; i += kPrefillPagesPerStep) {
-    const bool pair = i + 1 < pages.count;  // uniform
-    const int stage0 = stage;
-    const uint32_t phase0 = phase;
-    if (pair) advance();
-    float acc[kPrefillPagesPerStep][kHeads];
-    IssuePage<kHeads>(s, acc[0], desc_q, stage0, phase0);
-    IssuePage<kHeads>(s, acc[1], desc_q, stage, phase);
-    WgmmaWait<0>();
-    FenceOperand(acc[0]);
-    FenceOperand(acc[1]);
-    const int stages[kPrefillPagesPerStep] = {stage0, stage};
-    bool enters[kPrefillPagesPerStep];
-    uint64_t words[kPrefillPagesPerStep];
+    AppendTeamPages(rows, enters, word, member, query, warp_token, scratch, warp, lane, (i / kPagesPerExchange) & 1,
+                    barrier);
 #pragma unroll
-    for (int pg = 0; pg < kPrefillPagesPerStep; ++pg) {
-      const float score = PageScore<kHeads>(acc[pg], weights, s.scales[stages[pg]][r0], s.scales[stages[pg]][r0 + 8],
-                                            lane);
-      const uint32_t key = ScoreToKey(score);
-      const int32_t j = first_key + (i + pg) * kPageTokens;
-      const uint32_t threshold = query == 0 ? rows[0].threshold : rows[1].threshold;
-      enters[pg] = j >= begin && j < end && key > threshold;
-      words[pg] = RankWord(key, static_cast<uint32_t>(j - begin));
-    }
-    MbarArrive(&s.empty[stage0]);
-    if (pair) MbarArrive(&s.empty[stage]);
-    advance();
-    AppendPages<kPrefillPagesPerStep>(rows, enters, words, query, warp_token, scratch, warp, lane,
-                                      (i / kPrefillPagesPerStep) & 1, barrier);
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      if (rows[q].count > kCandidateCapacity - kPrefillPagesPerStep * kPageTokens) {
+    for (int q = 0; q < kTeamRows; ++q) {
+      if (rows[q].count > kCandidateCapacity - kPagesPerExchange * kPageTokens) {
         rows[q].Cut(p.topk, scratch, t, barrier);
       }
     }
   }
 
 #pragma unroll
-  for (int q = 0; q < 2; ++q) {
+  for (int q = 0; q < kTeamRows; ++q) {
     const int64_t row = first_row + q;
     if (row >= p.rows) break;  // uniform
     const KeyRange row_keys = RowKeys(p, row);
@@ -259,7 +265,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
                       const __grid_constant__ CUtensorMap q_map, const PrefillParams p) {
   extern __shared__ uint8_t smem_raw[];
   PrefillSmem<kHeads>& s = *reinterpret_cast<PrefillSmem<kHeads>*>(AlignedSmem<1024>(smem_raw));
-  const int tid = threadIdx.x;
+  const uint32_t tid = threadIdx.x;
   const int64_t row0 = int64_t(gridDim.x - 1 - blockIdx.x) * kPrefillBlockRows;
   if (tid == kPrefillMathThreads) {
     if (p.num_keys > 0) {  // with no keys the maps are left unencoded and never used
@@ -271,7 +277,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
   if (tid == 0) {
     for (int st = 0; st < kPrefillStages; ++st) {
       MbarInit(&s.full[st], 1);
-      MbarInit(&s.empty[st], kPrefillMathThreads);
+      MbarInit(&s.empty[st], kPrefillTeams * kWarpgroupThreads);  // one warpgroup of each team
     }
     MbarInit(&s.q_full, 1);
     FenceBarrierInit();
