@@ -158,12 +158,6 @@ struct StagedWeights {
   static constexpr bool kStaged = true;
   float* copy;
 
-  // Where weight x (query x / kHeads, head x % kHeads) of the row lies in the copy.
-  __device__ __forceinline__ static int Place(int x) {
-    const int q = x / kHeads, h = x % kHeads;
-    return q * kHeads + ((h % 8) / 2) * (kHeads / 4) + 2 * (h / 8) + h % 2;
-  }
-
   // Every thread of the warpgroup, at every segment; `barrier` is the warpgroup's named barrier.
   __device__ __forceinline__ void Load(const float* row_weights, float* warpgroup_copy, int wg_thread, int barrier) {
     copy = warpgroup_copy;
@@ -177,7 +171,8 @@ struct StagedWeights {
 #pragma unroll
     for (int k = 0; k < int(sizeof(v) / sizeof(float)); ++k) {
       const int x = wg_thread + k * kWarpgroupThreads;
-      if (x < kFloats) copy[Place(x)] = v[k];
+      const int q = x / kHeads, h = x % kHeads;
+      if (x < kFloats) copy[q * kHeads + ((h % 8) / 2) * (kHeads / 4) + 2 * (h / 8) + h % 2] = v[k];
     }
     NamedBarrierSync(barrier, kWarpgroupThreads);
   }

@@ -53,8 +53,9 @@ constexpr int kPrefillMathThreads = kPrefillTeams * kTeamThreads;
 constexpr int kPrefillThreads = kPrefillMathThreads + kWarpgroupThreads;
 // Registers per thread after the role split (setmaxnreg): the launch gives each thread 96 (640
 // threads: whole warpgroups of 65536 / 640), the producer warpgroup (one issuing thread) gives most
-// of its own to the math warpgroups, which hold one page's accumulators and the candidate state.
-// The head weights do not fit beside them and are read from the team's copy in shared memory.
+// of its own to the math warpgroups, which hold one page's accumulators, both rows' head weights
+// (read per page from shared memory instead, they would take more of its bandwidth than the wgmma
+// operands do) and the candidate state.
 constexpr uint32_t kPrefillLaunchRegisters = 65536 / kPrefillThreads / 8 * 8;
 constexpr uint32_t kPrefillMathRegisters = 112;
 constexpr uint32_t kPrefillProducerRegisters = 24;
@@ -75,7 +76,6 @@ struct alignas(1024) PrefillSmem {
   uint8_t q_tiles[kPrefillBlockRows * kQTileBytes<kHeads>];
   uint64_t words[kPrefillBlockRows][kCandidateCapacity];
   float scales[kPrefillStages][kPageTokens];
-  float weights[kPrefillTeams][kTeamRows * kHeads];  // each team's rows, laid out for StagedWeights
   CandidateScratch scratch[kPrefillTeams];
   uint64_t full[kPrefillStages];
   uint64_t empty[kPrefillStages];
@@ -170,21 +170,11 @@ __device__ __forceinline__ float PageScore(const float (&acc)[kHeads], const Wei
   return score[0];
 }
 
-// Copies the team's rows' head weights into its shared copy (rows past M take row M - 1's, never
-// output), in the order StagedWeights reads them. The caller orders it before the first read.
-template <int kHeads>
-__device__ __forceinline__ void StageTeamWeights(const PrefillParams& p, int64_t first_row, float* copy, int t) {
-  for (int x = t; x < kTeamRows * kHeads; x += kTeamThreads) {
-    const int64_t row = first_row + x / kHeads < p.rows ? first_row + x / kHeads : p.rows - 1;
-    copy[StagedWeights<kHeads, kTeamRows>::Place(x)] = __ldg(p.weights + row * kHeads + x % kHeads);
-  }
-}
-
 // A math warpgroup: its share of its team's pages, scored; the team's two rows selected.
 template <int kHeads>
 __device__ __forceinline__ void ScoreAndSelectRows(PrefillSmem<kHeads>& s, const PrefillParams& p, int64_t row0,
                                                    BlockPages pages, uint32_t tid) {
-  using Weights = StagedWeights<kHeads, kTeamRows>;
+  using Weights = RowWeights<kHeads, kTeamRows, kTeamRows * kHeads>;
   // Lane values from unsigned arithmetic, once: the loop below runs near the register cap, and
   // whatever ptxas rebuilds there it rebuilds on every page.
   // The warp's index read through a shuffle: ptxas then knows it is warp-uniform, and keeps the
@@ -203,12 +193,15 @@ __device__ __forceinline__ void ScoreAndSelectRows(PrefillSmem<kHeads>& s, const
   const int token = 16 * warp + warp_token;
   const int64_t first_row = row0 + kTeamRows * team;
   const KeyRange keys = RowKeys(p, first_row + query);  // of this lane's query
-  StageTeamWeights<kHeads>(p, first_row, s.weights[team], t);
-  const Weights weights{s.weights[team]};
+  Weights weights;
+#pragma unroll
+  for (int q = 0; q < kTeamRows; ++q) {  // rows past M read row M - 1's (never output)
+    const int64_t row = first_row + q < p.rows ? first_row + q : p.rows - 1;
+    LoadHeadWeights<kHeads>(p.weights + row * kHeads, lane, weights.held[q]);
+  }
   RowCandidates rows[2] = {{s.words[2 * team], 0, kNotCandidate}, {s.words[2 * team + 1], 0, kNotCandidate}};
   const uint32_t desc_q = SmemDescLow(s.q_tiles + team * kTeamRows * kQTileBytes<kHeads>);
   MbarWait(&s.q_full, 0);
-  NamedBarrierSync(barrier, kTeamThreads);  // the weights are staged
 
   // Per exchange, each warpgroup of the team scores one page (member 0 the earlier): its
   // products, then its scores, read as soon as they land (the stage is released at once); one
