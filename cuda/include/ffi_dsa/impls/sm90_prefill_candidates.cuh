@@ -36,7 +36,7 @@ constexpr int kRadixBuckets = 256;
 static_assert(kRadixBuckets == kTeamThreads, "BestCut clears its histogram with one store per thread");
 
 // One team's scratch.
-struct alignas(16) CandidateScratch {  // 16-aligned: the masks and counts are read as uint4
+struct alignas(16) CandidateScratch {  // 16-aligned: the warp counts are read as uint4
   uint32_t histogram[kRadixBuckets];
   uint32_t round_counts[kKeepPerThread][kTeamWarps];  // kept words per (round slot, warp)
   uint32_t warp_counts[2][kPagesPerExchange * 4];    // per (page, warp of its warpgroup), by exchange parity
@@ -135,7 +135,7 @@ __device__ __forceinline__ int KeepInOrder(const uint64_t* words, int count, uin
   return kept;
 }
 
-// Sorts words[0, n) in descending order, n a power of two (a bitonic network over the warpgroup).
+// Sorts words[0, n) in descending order, n a power of two (a bitonic network over the team).
 __device__ __forceinline__ void SortDescending(uint64_t* words, int n, int t, int barrier) {
   for (int size = 2; size <= n; size <<= 1) {
     for (int stride = size / 2; stride > 0; stride >>= 1) {
