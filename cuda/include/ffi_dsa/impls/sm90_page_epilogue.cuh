@@ -189,9 +189,6 @@ struct StagedWeights {
   }
 };
 
-// The [64 tokens x kCols] FP8 product of one staged page with a group's Q tiles (4 x wgmma
-// m64nCk32), and this thread's two token scales (rows r0 and r0 + 8), read while the tensor
-// cores work. Every thread of the warpgroup calls it.
 // Issues the [64 tokens x kCols] FP8 product of a staged page (desc_k) with Q tiles (desc_q) into
 // `acc` as one committed wgmma group (4 x m64nCk32 along the head dim); the caller waits for it.
 template <int kCols>
@@ -205,6 +202,9 @@ __device__ __forceinline__ void IssueProducts(float (&acc)[kCols / 2], uint32_t 
   WgmmaCommit();
 }
 
+// The [64 tokens x kCols] FP8 product of one staged page with a group's Q tiles (4 x wgmma
+// m64nCk32), and this thread's two token scales (rows r0 and r0 + 8), read while the tensor
+// cores work. Every thread of the warpgroup calls it.
 template <int kCols>
 __device__ __forceinline__ void GroupLogits(float (&acc)[kCols / 2], uint32_t desc_k, uint32_t desc_q,
                                             const float* page_scales, int r0, float& scale0, float& scale1) {
