@@ -22,7 +22,8 @@
 # apache-tvm-ffi / jax-tvm-ffi: those travel as cp312 wheels in .whl/ (name .whl in the call's
 # carry). A failing step does not stop the next one; the exit code is non-zero if any failed.
 # Knobs (environment): BENCH_ARGS (extra bench_gpu.py options, e.g. "--workloads W1,W5"),
-# QUERIES_ARGS (extra bench_queries.py options), PREFILL_ARGS (extra bench_prefill.py options), COUNTERS_WORKLOADS (default W1,W2,W3,W4,W5,W6),
+# QUERIES_ARGS (extra bench_queries.py options), PREFILL_ARGS (extra bench_prefill.py options),
+# COUNTERS_WORKLOADS (default W1,W2,W3,W4,W5,W6),
 # PYTEST_ARGS (default "-q -x tests"), SANITIZE_TOOLS (default "memcheck racecheck synccheck initcheck"),
 # SANITIZE_TIMEOUT (seconds per tool, default 150), FFI_DSA_CACHE_DIR (default /tmp/ffi_dsa_cache).
 set -u

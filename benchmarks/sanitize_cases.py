@@ -111,6 +111,13 @@ def run_prefill_case(device: str, batch, topk: int, sorted_: bool) -> list[str]:
     return ffi_dsa.check_prefill_topk(out, *batch.args(), sorted=sorted_)
 
 
+def report(name: str, problems: list[str], start: float) -> bool:
+    """Prints a case's verdict line; True when it failed."""
+    verdict = "ok" if not problems else f"FAIL: {problems[0]}"
+    print(f"sanitize case: {name:<48} {verdict} ({time.perf_counter() - start:.1f} s)", flush=True)
+    return bool(problems)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -132,15 +139,10 @@ def main(argv=None) -> int:
             out = np.full(batch.output_shape(TOPK), -7, dtype=np.int32)
             ffi_dsa.call(*args, out, sorted=sorted_)
         problems = ffi_dsa.check_topk(out, *batch.args(), sorted=sorted_) if rows else []
-        failed += bool(problems)
-        verdict = "ok" if not problems else f"FAIL: {problems[0]}"
-        print(f"sanitize case: {name:<48} {verdict} ({time.perf_counter() - start:.1f} s)", flush=True)
+        failed += report(name, problems, start)
     for name, batch, topk, sorted_ in prefill_cases():
         start = time.perf_counter()
-        problems = run_prefill_case(a.device, batch, topk, sorted_)
-        failed += bool(problems)
-        verdict = "ok" if not problems else f"FAIL: {problems[0]}"
-        print(f"sanitize case: {name:<48} {verdict} ({time.perf_counter() - start:.1f} s)", flush=True)
+        failed += report(name, run_prefill_case(a.device, batch, topk, sorted_), start)
     print(f"sanitize cases: {'all passed' if not failed else f'{failed} FAILED'}", flush=True)
     return 1 if failed else 0
 

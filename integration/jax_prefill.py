@@ -5,13 +5,13 @@
 
 The CPU module's ``prefill_topk_indexer(q, k, k_scale, weights, ks, ke, topk_indices, sorted,
 absolute_ids)`` is registered with ``jax_tvm_ffi.register_ffi_target`` as the XLA FFI target
-``ffi_dsa_prefill_topk_indexer`` (arg spec ``args, rets, attrs.sorted, attrs.absolute_ids``): the CPU
-target on first use, the GPU target (the CUDA module's export of the same name) when a call is made
-for the GPU. ``jax.vmap`` over chunks that share k is one call on their
-rows stacked (element by element when k itself is vmapped). Under a ``jax.jit`` over a mesh, row-sharded q, weights, ks and ke give one local call
-per device on its own rows with k and k_scale replicated, as for decode (jax_sharding.py); a row
-count that does not divide is padded by XLA with empty rows; inside a user's ``jax.shard_map`` the
-call is the local one.
+``ffi_dsa_prefill_topk_indexer`` (arg spec ``args, rets, attrs.sorted, attrs.absolute_ids``): the
+CPU target on first use, the GPU target (the CUDA module's export of the same name) when a call is
+made for the GPU. ``jax.vmap`` over chunks that share k is one call on their rows stacked (element
+by element when k itself is vmapped). Under a ``jax.jit`` over a mesh, row-sharded q, weights, ks
+and ke give one local call per device on its own rows with k and k_scale replicated, as for decode
+(jax_sharding.py); a row count that does not divide is padded by XLA with empty rows; inside a
+user's ``jax.shard_map`` the call is the local one.
 
 As in jax_ffi.py, shapes and dtypes are checked at trace time by the exported C++
 ``prefill_check_shapes`` (the kernel's own checks), raising ValueError/TypeError naming the argument.
@@ -99,6 +99,7 @@ def _op(topk: int, sorted: bool, absolute: bool):
         if in_batched[1] or in_batched[2]:
             full = tuple(lead(x, b) for x, b in zip(args, in_batched))
             return jax.lax.map(lambda a: op(*a), full), True
+
         def fold(x, batched):  # [V, M, ...] -> [V * M, ...]
             x = lead(x, batched)
             return x.reshape((-1, *x.shape[2:]))

@@ -7,9 +7,9 @@ registers decode's, by the low-level ``Library`` route (torch_op.py says why):
                                            ids="relative") -> ()
 
 The functional op returns int32 ``[M, topk]`` on q's device; the out variant writes ``[M, K]`` in
-place. Both have fake kernels (``torch.compile(fullgraph=True, dynamic=True)``, opcheck), and both run on
-CPU and CUDA tensors (the CUDA call syncs nothing and allocates nothing but the functional op's output,
-so it can be captured in a CUDA graph).
+place. Both have fake kernels (``torch.compile(fullgraph=True, dynamic=True)``, opcheck), and both
+run on CPU and CUDA tensors (the CUDA call syncs nothing and allocates nothing but the functional
+op's output, so it can be captured in a CUDA graph).
 """
 
 from __future__ import annotations

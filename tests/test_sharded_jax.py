@@ -208,7 +208,6 @@ class TestFourDevices:
         assert got.sharding.spec[0] == "x"
         np.testing.assert_array_equal(np.asarray(got), call_result(batch, K, sorted=sorted_))
 
-
     @pytest.mark.parametrize("queries", [[20, 12], [15, 6]], ids=["divides", "padded_by_xla"])
     def test_prefill_rows_split_over_devices(self, queries):
         """Prefill under a jit over the mesh: q, weights, ks and ke split by rows, k and k_scale
