@@ -46,8 +46,8 @@ def assert_valid(out, batch, *, sorted=False, ids="relative") -> None:
 @pytest.mark.parametrize("heads", [NUM_HEADS, NUM_HEADS_NARROW])
 @pytest.mark.parametrize("sorted_", ORDERS)
 def test_long_rows_cut_their_candidates_and_stay_exact(heads, sorted_):
-    """Rows of ~20K random keys fill their 4096-word buffers several times over (M = 9: two whole
-    blocks and one of a single row)."""
+    """Rows of ~20K random keys fill their candidate buffers (4544 words) several times over (M = 9:
+    two whole blocks and one of a single row)."""
     batch = make_prefill_batch([20000, 3000], queries=[7, 2], seed=31, heads=heads, spare_keys=50)
     for topk in (2048, 100):
         out = run_cuda(batch, topk, sorted=sorted_)

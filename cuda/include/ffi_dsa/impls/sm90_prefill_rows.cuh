@@ -9,8 +9,9 @@
 //                   m64nCk32 sequence per page with both rows' heads on N (C = 2 x H columns, the
 //                   layout of DeepGEMM's fp8_mqa_logits and of the decode kernels,
 //                   sm90_page_epilogue.cuh), then the scores (relu, head weights, head sum, key
-//                   scale). The team adds the ones that beat its rows' thresholds to their
-//                   candidates, both pages at once, and at the end selects and writes each row.
+//                   scale). Each warpgroup stages the words of the ones that beat its rows'
+//                   thresholds on its own; the team meets once per epoch of a few pages, to keep
+//                   them and cut, and at the end selects and writes each row.
 //                   Four math warps per scheduler (DeepGEMM's logits kernel runs four math
 //                   warpgroups too): while one warp waits on its products or its team's barrier,
 //                   the others issue, and the tensor cores always hold some warpgroup's products.
@@ -68,7 +69,6 @@ static_assert(kPrefillMathThreads * kPrefillMathRegisters + kWarpgroupThreads * 
 constexpr int kPrefillStages = 6;
 static_assert(kPrefillStages % kTeamWarpgroups == 0, "a warpgroup's pages advance the ring by whole turns");
 constexpr int kKeyScaleBytes = kPageTokens * 4;
-static_assert(kCandidateCapacity >= kMaxTopK + kPagesPerExchange * kPageTokens, "a cut buffer must take an exchange");
 
 template <int kHeads>
 struct alignas(1024) PrefillSmem {
@@ -203,43 +203,39 @@ __device__ __forceinline__ void ScoreAndSelectRows(PrefillSmem<kHeads>& s, const
   const uint32_t desc_q = SmemDescLow(s.q_tiles + team * kTeamRows * kQTileBytes<kHeads>);
   MbarWait(&s.q_full, 0);
 
-  // Per exchange, each warpgroup of the team scores one page (member 0 the earlier): its
-  // products, then its scores, read as soon as they land (the stage is released at once); one
-  // threshold test and candidate exchange for both pages, and any cut. An odd last page leaves
-  // member 1 without one: it only joins the exchange.
+  // Each warpgroup of the team scores every other page (member 0 the even ones), reading its
+  // products as soon as they land (the stage is released at once), and stages the page's words;
+  // the team meets once per epoch of kTeamEpochPages pages, to keep the words and cut.
   int stage = member;
   uint32_t phase = 0;
-  // This lane's token position in its warpgroup's current page.
-  int32_t j = static_cast<int32_t>((pages.first + member) * kPageTokens) + token;
   const int32_t begin = static_cast<int32_t>(keys.begin), end = static_cast<int32_t>(keys.end);
-  for (int i = 0; i < pages.count; i += kPagesPerExchange, j += kPagesPerExchange * kPageTokens) {
-    bool enters = false;
-    uint64_t word = 0;
-    if (i + member < pages.count) {  // uniform over the warpgroup
+  const int epochs = (pages.count + kTeamEpochPages - 1) / kTeamEpochPages;
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    const int first_page = epoch * kTeamEpochPages;
+    const int epoch_end = pages.count < first_page + kTeamEpochPages ? pages.count : first_page + kTeamEpochPages;
+    // Thresholds and counts change only between epochs.
+    const uint32_t threshold = query == 0 ? rows[0].threshold : rows[1].threshold;
+    uint64_t* slot = StagingSlot(rows, query, warp, warp_token) + member * kPageTokens;
+    for (int i = first_page + member; i < epoch_end; i += kTeamWarpgroups, slot += kTeamWarpgroups * kPageTokens) {
       float acc[kHeads];
       IssuePage<kHeads>(s, acc, desc_q, stage, phase);
       const float scale0 = s.scales[stage][r0], scale1 = s.scales[stage][r0 + 8];
       WgmmaWait<0>();
       FenceOperand(acc);
       MbarArrive(&s.empty[stage]);
-      const uint32_t key = ScoreToKey(PageScore<kHeads>(acc, weights, scale0, scale1, lane));
-      const uint32_t threshold = query == 0 ? rows[0].threshold : rows[1].threshold;
-      enters = j >= begin && j < end && key > threshold;
-      word = RankWord(key, static_cast<uint32_t>(j - begin));
-    }
-    stage += kTeamWarpgroups;
-    if (stage >= kPrefillStages) {
-      stage -= kPrefillStages;
-      phase ^= 1;
-    }
-    AppendTeamPages(rows, enters, word, member, query, warp_token, scratch, warp, lane, (i / kPagesPerExchange) & 1,
-                    barrier);
-#pragma unroll
-    for (int q = 0; q < kTeamRows; ++q) {
-      if (rows[q].count > kCandidateCapacity - kPagesPerExchange * kPageTokens) {
-        rows[q].Cut(p.topk, scratch, t, barrier);
+      stage += kTeamWarpgroups;
+      if (stage >= kPrefillStages) {
+        stage -= kPrefillStages;
+        phase ^= 1;
       }
+      const uint32_t key = ScoreToKey(PageScore<kHeads>(acc, weights, scale0, scale1, lane));
+      // This lane's token position. Past N (N < 2^31, checked on the host) it may wrap negative,
+      // and either way lies outside [begin, end).
+      const int32_t j = static_cast<int32_t>((pages.first + i) * kPageTokens) + token;
+      const bool enters = j >= begin && j < end && key > threshold;
+      *slot = enters ? RankWord(key, static_cast<uint32_t>(j - begin)) : 0;
     }
+    CloseEpoch(rows, (epoch_end - first_page) * kPageTokens, epoch, p.topk, scratch, t, barrier);
   }
 
 #pragma unroll
@@ -247,8 +243,8 @@ __device__ __forceinline__ void ScoreAndSelectRows(PrefillSmem<kHeads>& s, const
     const int64_t row = first_row + q;
     if (row >= p.rows) break;  // uniform
     const KeyRange row_keys = RowKeys(p, row);
-    EmitRow(rows[q], p.topk, p.sorted, p.absolute_ids ? row_keys.begin : 0, p.topk_indices + row * p.topk, scratch, t,
-            barrier);
+    EmitRow(rows[q], p.topk, p.sorted, row_keys.end - row_keys.begin, p.absolute_ids ? row_keys.begin : 0,
+            p.topk_indices + row * p.topk, scratch, t, barrier);
   }
 }
 
@@ -273,6 +269,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
       MbarInit(&s.empty[st], kPrefillTeams * kWarpgroupThreads);  // one warpgroup of each team
     }
     MbarInit(&s.q_full, 1);
+    for (int e = 0; e < kPrefillTeams; ++e) s.scratch[e].kept[0] = s.scratch[e].kept[1] = 0u;
     FenceBarrierInit();
   }
   __syncthreads();
