@@ -25,10 +25,14 @@
 namespace ffi_dsa::sm90 {
 
 // Words a row's buffer holds: at least K plus an epoch's words, and as many as the CTA's shared
-// memory leaves beside the stage ring and the Q tiles (PrefillSmem, 227 KB with 64 heads): every word
-// more spaces the cuts out. Rows of random scores cut their buffer a few times per 64K keys (about
+// memory leaves beside the stage ring and the Q tiles: every word more spaces the cuts out. With 64
+// heads PrefillSmem is then exactly the 227 KB a CTA may have, so a new shared field must take its
+// bytes from here. Rows of random scores cut their buffer a few times per 64K keys (about
 // K * ln(length / K) words beat a rising threshold).
 constexpr int kCandidateCapacity = 4544;
+// Query rows a team scores (both in one wgmma sequence per page): two, since their counts are
+// packed 16 bits each into one word where the team sums them.
+constexpr int kTeamRows = 2;
 // The threads of a team: two warpgroups, each scoring every other page of the block.
 constexpr int kTeamWarpgroups = 2;
 constexpr int kTeamThreads = kTeamWarpgroups * kWarpgroupThreads;
@@ -41,7 +45,7 @@ constexpr int kTeamEpochPages = kTeamWarpgroups * kEpochPages;
 // overflow its buffer (every key of every page entering).
 constexpr int kCutAbove = kCandidateCapacity - kTeamEpochPages * kPageTokens;
 static_assert(kCutAbove >= kMaxTopK, "a cut buffer must take an epoch");
-// Words each thread takes per round when a buffer is cut or compacted.
+// Words each thread takes per round when a buffer is cut or a row written.
 constexpr int kKeepPerThread = 4;
 constexpr int kKeepRound = kTeamThreads * kKeepPerThread;
 constexpr int kRadixBuckets = 256;
@@ -54,7 +58,7 @@ constexpr int64_t kBitmapPositions = int64_t(kBitmapWords) * 32;
 // One team's scratch.
 struct CandidateScratch {
   uint32_t histogram[kRadixBuckets];
-  uint32_t round_counts[kKeepPerThread][kTeamWarps];  // kept words per (round slot, warp)
+  uint32_t round_counts[kKeepPerThread][kTeamWarps];  // kept words per (round slot, warp); warp sums
   uint32_t kept[2];  // words an epoch's close kept, both rows (16 bits each), by epoch parity
   uint32_t pick[3];  // digit, words still needed, words in its bucket
 };
@@ -192,7 +196,7 @@ struct RowCandidates {
 // its warp's 16 slots of the page, its token among them (+ kPageTokens per page of the epoch).
 // Every lane writes one, 0 (below every word) when it does not enter, so that a page's candidates
 // cost one store and no vote.
-__device__ __forceinline__ uint64_t* StagingSlot(const RowCandidates (&rows)[2], int query, int warp,
+__device__ __forceinline__ uint64_t* StagingSlot(const RowCandidates (&rows)[kTeamRows], int query, int warp,
                                                  int warp_token) {
   const RowCandidates& row = query == 0 ? rows[0] : rows[1];
   return row.words + row.count + 16 * warp + warp_token;
@@ -203,20 +207,21 @@ __device__ __forceinline__ uint64_t* StagingSlot(const RowCandidates (&rows)[2],
 // atomic on the close's counter (`parity`: closes alternate between two, so that one is cleared
 // while the other counts). Every staged word is read before any is written, so a word may land on
 // any slot.
-__device__ __forceinline__ void CompactStaged(RowCandidates (&rows)[2], int staged, int parity, CandidateScratch& s,
-                                              int t, int barrier) {
+__device__ __forceinline__ void CompactStaged(RowCandidates (&rows)[kTeamRows], int staged, int parity,
+                                              CandidateScratch& s, int t, int barrier) {
   constexpr int kRounds = kTeamEpochPages * kPageTokens / kTeamThreads;
+  static_assert(kRounds * kTeamThreads == kTeamEpochPages * kPageTokens, "every staged slot is read");
   static_assert(kTeamEpochPages * kPageTokens < (1 << 16), "a row's count of an epoch fits 16 bits");
   const int lane = t % 32;
   const uint32_t below = (1u << lane) - 1u;
-  uint64_t w[2][kRounds];
-  uint32_t ballot[2][kRounds];
+  uint64_t w[kTeamRows][kRounds];
+  uint32_t ballot[kTeamRows][kRounds];
   uint32_t warp_words = 0;  // both rows', 16 bits each
 #pragma unroll
   for (int k = 0; k < kRounds; ++k) {
     const int e = k * kTeamThreads + t;
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
+    for (int q = 0; q < kTeamRows; ++q) {
       w[q][k] = e < staged ? rows[q].words[rows[q].count + e] : 0;
       ballot[q][k] = __ballot_sync(0xFFFFFFFFu, w[q][k] != 0);
       warp_words += static_cast<uint32_t>(__popc(ballot[q][k])) << (16 * q);
@@ -229,7 +234,7 @@ __device__ __forceinline__ void CompactStaged(RowCandidates (&rows)[2], int stag
 #pragma unroll
   for (int k = 0; k < kRounds; ++k) {
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
+    for (int q = 0; q < kTeamRows; ++q) {
       if (w[q][k] != 0) {
         const int rank = static_cast<int>((at >> (16 * q)) & 0xFFFFu) + __popc(ballot[q][k] & below);
         rows[q].words[rows[q].count + rank] = w[q][k];
@@ -246,15 +251,14 @@ __device__ __forceinline__ void CompactStaged(RowCandidates (&rows)[2], int stag
 }
 
 // The end of epoch `epoch`, which staged `staged` slots a row (every thread of the team, after its
-// pages):
-// the staged words join the rows' words, and a row that could not take another epoch is cut to its
-// `topk` best.
-__device__ __forceinline__ void CloseEpoch(RowCandidates (&rows)[2], int staged, int epoch, int topk,
+// pages): the staged words join the rows' words, and a row that could not take another epoch is cut
+// to its `topk` best.
+__device__ __forceinline__ void CloseEpoch(RowCandidates (&rows)[kTeamRows], int staged, int epoch, int topk,
                                            CandidateScratch& s, int t, int barrier) {
   NamedBarrierSync(barrier, kTeamThreads);  // the epoch's words are staged
   CompactStaged(rows, staged, epoch & 1, s, t, barrier);
 #pragma unroll
-  for (int q = 0; q < 2; ++q) {
+  for (int q = 0; q < kTeamRows; ++q) {
     if (rows[q].count > kCutAbove) rows[q].Cut(topk, s, t, barrier);  // ends with a barrier
   }
 }
@@ -320,10 +324,9 @@ __device__ __forceinline__ void WriteInPositionOrder(const uint64_t* words, int 
 // absolute ids, else 0); `length` bounds the positions (the row's key count).
 __device__ __forceinline__ void EmitRow(RowCandidates& row, int topk, bool sorted_by_score, int64_t length,
                                         int64_t first_id, int32_t* out, CandidateScratch& s, int t, int barrier) {
-  const int take = row.count < topk ? row.count : topk;
-  const uint64_t cut = BestCut(row.words, row.count, take, s, t, barrier);
+  row.Cut(row.count < topk ? row.count : topk, s, t, barrier);  // the best words, at the buffer's front
   uint64_t* buffer = row.words;
-  const int kept = KeepInOrder(row.words, row.count, cut, s, t, barrier, [&](int rank, uint64_t w) { buffer[rank] = w; });
+  const int kept = row.count;
   if (!sorted_by_score) {
     WriteInPositionOrder(buffer, kept, length, first_id, out, reinterpret_cast<uint32_t*>(buffer + kMaxTopK), s, t,
                          barrier);

@@ -47,7 +47,6 @@ struct PrefillParams {
   bool absolute_ids;
 };
 
-constexpr int kTeamRows = 2;  // query rows a team scores: both in one wgmma sequence per page
 constexpr int kPrefillTeams = 2;
 constexpr int kPrefillBlockRows = kTeamRows * kPrefillTeams;
 constexpr int kPrefillMathThreads = kPrefillTeams * kTeamThreads;
@@ -199,7 +198,8 @@ __device__ __forceinline__ void ScoreAndSelectRows(PrefillSmem<kHeads>& s, const
     const int64_t row = first_row + q < p.rows ? first_row + q : p.rows - 1;
     LoadHeadWeights<kHeads>(p.weights + row * kHeads, lane, weights.held[q]);
   }
-  RowCandidates rows[2] = {{s.words[2 * team], 0, kNotCandidate}, {s.words[2 * team + 1], 0, kNotCandidate}};
+  RowCandidates rows[kTeamRows] = {{s.words[kTeamRows * team], 0, kNotCandidate},
+                                   {s.words[kTeamRows * team + 1], 0, kNotCandidate}};
   const uint32_t desc_q = SmemDescLow(s.q_tiles + team * kTeamRows * kQTileBytes<kHeads>);
   MbarWait(&s.q_full, 0);
 
@@ -229,8 +229,8 @@ __device__ __forceinline__ void ScoreAndSelectRows(PrefillSmem<kHeads>& s, const
         phase ^= 1;
       }
       const uint32_t key = ScoreToKey(PageScore<kHeads>(acc, weights, scale0, scale1, lane));
-      // This lane's token position. Past N (N < 2^31, checked on the host) it may wrap negative,
-      // and either way lies outside [begin, end).
+      // This lane's token position: below 2^31, since a page starts below N < 2^31 (checked on
+      // the host).
       const int32_t j = static_cast<int32_t>((pages.first + i) * kPageTokens) + token;
       const bool enters = j >= begin && j < end && key > threshold;
       *slot = enters ? RankWord(key, static_cast<uint32_t>(j - begin)) : 0;
