@@ -37,31 +37,40 @@ from .jax_sharding import batch_partitioned
 
 TARGET = "ffi_dsa_topk_indexer"
 
-_registered: set[str] = set()
-_lock = threading.Lock()
+def once_per_platform(register_target):
+    """``register(platform)`` for an FFI target: calls ``register_target(platform)`` (which registers
+    it with jax-tvm-ffi for 'cpu' or 'gpu') the first time a platform asks; idempotent, thread-safe."""
+    done: set[str] = set()
+    lock = threading.Lock()
 
-
-def register(platform: str) -> None:
-    """Register the FFI target for ``platform`` ('cpu' or 'gpu'); idempotent, thread-safe."""
-    if platform in _registered:
-        return
-    if platform not in ("cpu", "gpu"):
-        raise ValueError(f"ffi_dsa supports JAX arrays on 'cpu' and 'gpu' (CUDA), got platform {platform!r}")
-    with _lock:
-        if platform in _registered:
+    def register(platform: str) -> None:
+        if platform in done:
             return
-        gpu = platform != "cpu"
-        fn = _ffi_api.topk_indexer_for("cuda" if gpu else "cpu")
-        # On the GPU the call's scratch is XLA's: a last output sized by the CPU module's
-        # workspace_bytes (the bound the launch itself uses), from which jax-tvm-ffi serves the
-        # kernel's allocation. The call then allocates nothing and syncs nothing, so XLA may record
-        # it in a command buffer (a CUDA graph) with the kernels around it, instead of the host
-        # launching every kernel of a jitted step one by one.
-        jax_tvm_ffi.register_ffi_target(
-            TARGET, fn, ["args", "rets", "attrs.sorted"], platform=platform,
-            allow_cuda_graph=gpu, use_last_output_for_alloc_workspace=gpu,
-        )
-        _registered.add(platform)
+        if platform not in ("cpu", "gpu"):
+            raise ValueError(f"ffi_dsa supports JAX arrays on 'cpu' and 'gpu' (CUDA), got platform {platform!r}")
+        with lock:
+            if platform not in done:
+                register_target(platform)
+                done.add(platform)
+
+    return register
+
+
+def _register_target(platform: str) -> None:
+    gpu = platform == "gpu"
+    fn = _ffi_api.topk_indexer_for("cuda" if gpu else "cpu")
+    # On the GPU the call's scratch is XLA's: a last output sized by the CPU module's
+    # workspace_bytes (the bound the launch itself uses), from which jax-tvm-ffi serves the
+    # kernel's allocation. The call then allocates nothing and syncs nothing, so XLA may record it
+    # in a command buffer (a CUDA graph) with the kernels around it, instead of the host launching
+    # every kernel of a jitted step one by one.
+    jax_tvm_ffi.register_ffi_target(
+        TARGET, fn, ["args", "rets", "attrs.sorted"], platform=platform,
+        allow_cuda_graph=gpu, use_last_output_for_alloc_workspace=gpu,
+    )
+
+
+register = once_per_platform(_register_target)
 
 
 def checked_for_trace(args, topk, static_names: tuple, check_shapes, register, target: str) -> int:

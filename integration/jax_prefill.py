@@ -20,7 +20,6 @@ As in jax_ffi.py, shapes and dtypes are checked at trace time by the exported C+
 from __future__ import annotations
 
 import functools
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -30,29 +29,21 @@ from .. import _ffi_api
 from ..api import checked_topk
 from ..contract import DEFAULT_TOPK
 from ..prefill import ARG_NAMES, absolute_ids, kernel_for
-from .jax_ffi import checked_for_trace, run_shape_check
+from .jax_ffi import checked_for_trace, once_per_platform, run_shape_check
 from .jax_sharding import batch_partitioned
 
 TARGET = "ffi_dsa_prefill_topk_indexer"
 
-_registered: set[str] = set()
-_lock = threading.Lock()
+
+def _register_target(platform: str) -> None:
+    # The CUDA kernel takes no scratch and syncs nothing, so XLA may record it in a command buffer.
+    gpu = platform == "gpu"
+    jax_tvm_ffi.register_ffi_target(TARGET, kernel_for("cuda" if gpu else "cpu"),
+                                    ["args", "rets", "attrs.sorted", "attrs.absolute_ids"],
+                                    platform=platform, allow_cuda_graph=gpu)
 
 
-def register(platform: str = "cpu") -> None:
-    """Register the FFI target for ``platform`` ('cpu' or 'gpu'); idempotent, thread-safe. The CUDA
-    kernel takes no scratch and syncs nothing, so XLA may record it in a command buffer."""
-    if platform in _registered:
-        return
-    if platform not in ("cpu", "gpu"):
-        raise ValueError(f"ffi_dsa supports JAX arrays on 'cpu' and 'gpu' (CUDA), got platform {platform!r}")
-    with _lock:
-        if platform not in _registered:
-            gpu = platform == "gpu"
-            jax_tvm_ffi.register_ffi_target(TARGET, kernel_for("cuda" if gpu else "cpu"),
-                                            ["args", "rets", "attrs.sorted", "attrs.absolute_ids"],
-                                            platform=platform, allow_cuda_graph=gpu)
-            _registered.add(platform)
+register = once_per_platform(_register_target)  # register(platform): 'cpu' or 'gpu'
 
 
 @functools.lru_cache(maxsize=512)
