@@ -46,8 +46,8 @@ def assert_valid(out, batch, *, sorted=False, ids="relative") -> None:
 @pytest.mark.parametrize("heads", [NUM_HEADS, NUM_HEADS_NARROW])
 @pytest.mark.parametrize("sorted_", ORDERS)
 def test_long_rows_cut_their_candidates_and_stay_exact(heads, sorted_):
-    """Rows of ~20K random keys fill their candidate buffers (4544 words) several times over (M = 9:
-    two whole blocks and one of a single row)."""
+    """Rows of ~20K random keys fill their candidate buffers several times over (M = 9: two whole
+    blocks and one of a single row)."""
     batch = make_prefill_batch([20000, 3000], queries=[7, 2], seed=31, heads=heads, spare_keys=50)
     for topk in (2048, 100):
         out = run_cuda(batch, topk, sorted=sorted_)
@@ -81,6 +81,22 @@ def test_rising_scores_keep_the_last_keys(sorted_, heads):
     length = batch.ke[0] - batch.ks[0]
     expected = np.arange(length - 2048, length)
     assert out[0].tolist() == (expected[::-1] if sorted_ else expected).tolist()
+
+
+@pytest.mark.parametrize("sorted_", ORDERS)
+def test_rising_scores_on_one_warps_tokens_only(sorted_):
+    """Scores rise only on the first 16 keys of every 64-key page (the keys one warp of each
+    warpgroup scores) and are 0.0 elsewhere: the words that enter land in that warp's region of a
+    row's buffer, which fills long before the others; the row is cut and its words dealt out over
+    all the regions again, every few pages."""
+    length = 20000
+    batch = _rising(length, 5, seed=37)
+    batch.k_scale[np.arange(len(batch.k_scale)) % 64 >= 16] = 0.0
+    out = run_cuda(batch, 2048, sorted=sorted_)
+    np.testing.assert_array_equal(out, ffi_dsa.reference_prefill(*batch.args(), topk=2048, sorted=sorted_))
+    assert batch.ks[0] == 0  # ids relative to the row's start are key indices
+    risers = np.flatnonzero(np.arange(batch.ke[0]) % 64 < 16)[-2048:]
+    assert sorted(out[0].tolist()) == risers.tolist()
 
 
 @pytest.mark.parametrize("sorted_", ORDERS)

@@ -1,20 +1,22 @@
 // The select of PrefillRowsKernel (sm90_prefill_rows.cuh), run while it scores: each query row keeps
 // its candidates in shared memory, as rank words (rank_key.h: key, then the smaller position), and a
-// rising threshold key. The team's warpgroups score their pages independently and meet once per
-// epoch (a few pages each). Inside an epoch every lane stages its (query, token) pair's word in a
-// slot of its own past the row's words, 0 unless its key beats the row's threshold: no vote, no
-// atomic, no barrier per page. At the epoch's end the team compacts the staged words onto the rows'
-// words, and cuts a buffer that could not take another epoch to its K best words, the threshold
-// rising to the K-th best key. Cuts happen only between epochs, and every page of a later epoch lies
-// past every page of an earlier one: a later key that only equals the threshold is rightly kept
-// out, its position being larger than every kept word's (it loses their ties). The exact top K is
-// thus always inside the buffer, whatever the data (plateaus, ties, NaN, scores rising along the
-// row), and no score leaves the SM. The output order (by position, or by rank word) is made once,
-// when the row is written.
+// rising threshold key. A row's buffer is split into one region per warp of the team: each warp
+// appends the words of its (query, token) pairs whose key beats the row's threshold to its own
+// region, so that taking a word needs no atomic and no barrier. The team's warpgroups score their
+// pages independently and meet once per epoch (a few pages each), with one barrier that also asks
+// whether some warp's region could not take another epoch. Only then is the row cut: its words,
+// wherever they lie, are cut to the K best, or a few more (the K-th word's whole radix bucket, which
+// costs fewer passes than the exact K-th word), dealt out evenly over the regions again, and the
+// threshold rises to the cut's key. Cuts happen only between epochs, and every page of a later epoch
+// lies past every page of an earlier one: a later key that only equals the threshold is rightly
+// kept out, its position being larger than every kept word's with that key, and at least K words
+// rank above it. The exact top K is thus always inside the buffer, whatever the data (plateaus,
+// ties, NaN, scores rising along the row), and no score leaves the SM. The output order (by
+// position, or by rank word) is made once, when the row is written.
 //
 // Everything here is run by the team that scores two query rows (two math warpgroups, 256 threads,
-// sm90_prefill_rows.cuh), synchronised by the team's named barrier; the counts and thresholds are
-// the same in every thread of it.
+// sm90_prefill_rows.cuh), synchronised by the team's named barrier; thresholds are the same in
+// every thread of it, and a region's count in every lane of its warp.
 #pragma once
 #include <cstdint>
 
@@ -24,14 +26,14 @@
 
 namespace ffi_dsa::sm90 {
 
-// Words a row's buffer holds: at least K plus an epoch's words, and as many as the CTA's shared
-// memory leaves beside the stage ring and the Q tiles: every word more spaces the cuts out. With 64
-// heads PrefillSmem is then exactly the 227 KB a CTA may have, so a new shared field must take its
-// bytes from here. Rows of random scores cut their buffer a few times per 64K keys (about
+// Words a row's buffer holds: K plus a few epochs' words, as many as the CTA's shared memory leaves
+// beside the stage ring and the Q tiles: every word more spaces the cuts out. With 64 heads
+// PrefillSmem is then exactly the 227 KB a CTA may have, so a new shared field must take its bytes
+// from here. Rows of random scores cut their buffer a few times per 64K keys (about
 // K * ln(length / K) words beat a rising threshold).
-constexpr int kCandidateCapacity = 4544;
-// Query rows a team scores (both in one wgmma sequence per page): two, since their counts are
-// packed 16 bits each into one word where the team sums them.
+constexpr int kCandidateCapacity = 5072;
+// Query rows a team scores (both in one wgmma sequence per page): two, since a warp's region
+// counts of both are packed 16 bits each into one word.
 constexpr int kTeamRows = 2;
 // The threads of a team: two warpgroups, each scoring every other page of the block.
 constexpr int kTeamWarpgroups = 2;
@@ -39,45 +41,80 @@ constexpr int kTeamThreads = kTeamWarpgroups * kWarpgroupThreads;
 constexpr int kTeamWarps = kTeamThreads / 32;
 // Pages each warpgroup of a team scores between two meetings of the team: the warpgroups drift apart
 // freely inside an epoch, so that one's products run while the other scores.
-constexpr int kEpochPages = 4;
+constexpr int kEpochPages = 8;
 constexpr int kTeamEpochPages = kTeamWarpgroups * kEpochPages;
-// A row is cut at an epoch's end when it holds more words than this: the next epoch could then
-// overflow its buffer (every key of every page entering).
-constexpr int kCutAbove = kCandidateCapacity - kTeamEpochPages * kPageTokens;
-static_assert(kCutAbove >= kMaxTopK, "a cut buffer must take an epoch");
-// Words each thread takes per round when a buffer is cut or a row written.
-constexpr int kKeepPerThread = 4;
-constexpr int kKeepRound = kTeamThreads * kKeepPerThread;
+// A warp's region of a row's buffer, and the words the warp can add to it in an epoch (16 tokens
+// of the row a page). A row is cut at an epoch's end when some warp's region holds more than
+// kCutAbove words: the next epoch could overflow it.
+constexpr int kRegionWords = kCandidateCapacity / kTeamWarps;
+static_assert(kRegionWords * kTeamWarps == kCandidateCapacity, "the regions tile the buffer");
+constexpr int kWarpEpochWords = kEpochPages * 16;
+constexpr int kCutAbove = kRegionWords - kWarpEpochWords;
+static_assert(kRegionWords < (1 << 16), "a region's count fits 16 bits");
+// A cut at an epoch's end may keep up to this many words more than K (the whole bucket of the
+// K-th word): an exact K-th word would cost more radix passes, and a superset of the K best is
+// as good a buffer. The row's output cut is exact.
+constexpr int kCutSlack = 256;
+static_assert((kMaxTopK + kCutSlack + kTeamWarps - 1) / kTeamWarps <= kCutAbove,
+              "a cut buffer, dealt out over the regions, must take an epoch");
+// Words each lane holds when its region is compacted: the whole region is read into registers
+// before any word moves.
+constexpr int kCompactPerLane = (kRegionWords + 31) / 32;
 constexpr int kRadixBuckets = 256;
 static_assert(kRadixBuckets == kTeamThreads, "BestCut clears its histogram with one store per thread");
 // Positions a row's output pass orders at a time: the bitmap lies in its buffer behind the K kept
-// words.
+// words (whose first half then holds the ids on their way out).
 constexpr int kBitmapWords = (kCandidateCapacity - kMaxTopK) * 2;
 constexpr int64_t kBitmapPositions = int64_t(kBitmapWords) * 32;
 
 // One team's scratch.
 struct CandidateScratch {
   uint32_t histogram[kRadixBuckets];
-  uint32_t round_counts[kKeepPerThread][kTeamWarps];  // kept words per (round slot, warp); warp sums
-  uint32_t kept[2];  // words an epoch's close kept, both rows (16 bits each), by epoch parity
-  uint32_t pick[3];  // digit, words still needed, words in its bucket
+  uint32_t warp_sums[kTeamWarps];  // each warp's region counts (both rows) at a cut; TeamExclusiveSum's sums
+  uint32_t moved;                  // words a compaction kept (zero between compactions)
+  uint32_t max_key[kTeamRows];     // the largest key each row's buffer has held (at the last count)
+  uint32_t pick[3];                // digit, words still needed, words in its bucket
 };
 
-// The rank word above which exactly `keep` of words[0, count) lie (>=): a radix select, eight bits
-// per pass from the top, that stops as soon as the bucket holding the keep-th word is taken whole.
-// Words are distinct (they hold positions), so it ends by the eighth pass. 0 when keep >= count.
-__device__ __forceinline__ uint64_t BestCut(const uint64_t* words, int count, int keep, CandidateScratch& s, int t,
+// The lanes whose (query, token) pair is of the team's first row: the accumulator layout puts
+// query (lane >> 1) & 1 in each lane (sm90_prefill_rows.cuh).
+constexpr uint32_t kFirstRowLanes = 0x33333333u;
+
+// A warp's view of one row's buffer: its region, the count there (the same in every lane), and
+// the row's threshold (the same in every thread of the team).
+struct RowRegion {
+  uint64_t* words;      // the row's whole buffer
+  uint32_t threshold;   // kNotCandidate at first: every key of a valid token beats it
+};
+
+// A rank word `cut` such that `keep` to `keep + slack` of the row's `count` words (each warp's
+// `region_count` words at the start of its region) lie at or above it: a radix select over the bits in
+// which the words can differ (all keys lie in [lo_key, hi_key], so the bits above the highest one
+// where those two differ are the same in every word), eight bits a pass from the top, that stops
+// as soon as the bucket holding the keep-th word can be taken whole with at most `slack` words
+// more. Words are distinct (they hold positions), so it ends. 0 when keep >= count. Ends with a
+// barrier either way (the compaction that follows relies on it).
+__device__ __forceinline__ uint64_t BestCut(const uint64_t* region, int region_count, int count, int keep, int slack,
+                                            uint32_t lo_key, uint32_t hi_key, CandidateScratch& s, int t,
                                             int barrier) {
-  if (keep >= count) return 0;
-  uint64_t prefix = 0;
-  int bits = 0;
-  for (int pass = 0; pass < 8; ++pass) {
-    const int shift = 56 - 8 * pass;
+  if (keep >= count) {  // uniform
+    NamedBarrierSync(barrier, kTeamThreads);
+    return 0;
+  }
+  const int lane = t % 32;
+  const uint32_t differ = lo_key ^ hi_key;
+  // The words' low `top` bits can differ; above them every word holds `prefix`.
+  int top = differ == 0u ? 32 : 64 - __clz(differ);
+  uint64_t prefix = top == 64 ? 0 : (static_cast<uint64_t>(hi_key) << 32) >> top;
+  while (true) {
+    const int bits = top < 8 ? top : 8;
+    const int shift = top - bits;
+    const uint32_t digit_mask = (1u << bits) - 1u;
     s.histogram[t] = 0;
     NamedBarrierSync(barrier, kTeamThreads);
-    for (int e = t; e < count; e += kTeamThreads) {
-      const uint64_t w = words[e];
-      if (pass == 0 || (w >> (shift + 8)) == prefix) atomicAdd(&s.histogram[(w >> shift) & 255], 1u);
+    for (int e = lane; e < region_count; e += 32) {
+      const uint64_t w = region[e];
+      if (top == 64 || (w >> top) == prefix) atomicAdd(&s.histogram[(w >> shift) & digit_mask], 1u);
     }
     NamedBarrierSync(barrier, kTeamThreads);
     if (t < 32) {
@@ -110,49 +147,134 @@ __device__ __forceinline__ uint64_t BestCut(const uint64_t* words, int count, in
       }
     }
     NamedBarrierSync(barrier, kTeamThreads);
-    prefix = (prefix << 8) | s.pick[0];
-    bits += 8;
+    prefix = (prefix << bits) | s.pick[0];
+    top = shift;
     keep = static_cast<int>(s.pick[1]);
-    if (s.pick[2] == s.pick[1]) break;  // uniform: every thread read the same pick
+    // Uniform: every thread read the same pick. The last bits hold one word per bucket.
+    if (s.pick[2] - s.pick[1] <= static_cast<uint32_t>(slack) || top == 0) break;
   }
-  return bits == 64 ? prefix : prefix << (64 - bits);
+  return prefix << top;
 }
 
-// The words >= cut of words[0, count), in their order: sink(rank, word) for each, with rank its
-// place among them. Returns how many. Each round reads all of its words before any sink runs, so
-// the sink may write the buffer itself (ranks never pass the positions still to be read).
-template <typename Sink>
-__device__ __forceinline__ int KeepInOrder(const uint64_t* words, int count, uint64_t cut, CandidateScratch& s, int t,
-                                           int barrier, Sink&& sink) {
-  const int warp = t / 32, lane = t % 32;
-  const uint32_t below = (1u << lane) - 1u;
-  int kept = 0;
-  for (int base = 0; base < count; base += kKeepRound) {
-    uint64_t w[kKeepPerThread];
-    uint32_t ballot[kKeepPerThread];
+// Keeps the row's words >= cut (each warp's `region_count` words at the start of its region; cut 0
+// keeps all) and returns how many: word g of them (in no particular order) goes to words[g] when
+// `contiguous`, else to slot g / kTeamWarps of region g % kTeamWarps, so that the regions come out
+// evenly filled. Every word is read into registers before any moves; each warp reserves its
+// words' indices with one atomic.
+__device__ __forceinline__ int CompactRow(uint64_t* words, uint64_t* region, int region_count, uint64_t cut,
+                                          bool contiguous, CandidateScratch& s, int t, int barrier) {
+  const int lane = t % 32;
+  uint64_t w[kCompactPerLane];
+  int mine = 0;
 #pragma unroll
-    for (int k = 0; k < kKeepPerThread; ++k) {
-      const int e = base + k * kTeamThreads + t;
-      w[k] = e < count ? words[e] : 0;
-      ballot[k] = __ballot_sync(0xFFFFFFFFu, e < count && w[k] >= cut);
-      if (lane == 0) s.round_counts[k][warp] = __popc(ballot[k]);
-    }
-    NamedBarrierSync(barrier, kTeamThreads);
-#pragma unroll
-    for (int k = 0; k < kKeepPerThread; ++k) {
-      int before = 0, round = 0;
-#pragma unroll
-      for (int x = 0; x < kTeamWarps; ++x) {
-        const int c = static_cast<int>(s.round_counts[k][x]);
-        before += x < warp ? c : 0;
-        round += c;
-      }
-      if ((ballot[k] >> lane) & 1u) sink(kept + before + __popc(ballot[k] & below), w[k]);
-      kept += round;
-    }
-    NamedBarrierSync(barrier, kTeamThreads);  // round_counts is rewritten by the next round
+  for (int k = 0; k < kCompactPerLane; ++k) {
+    const int e = k * 32 + lane;
+    w[k] = e < region_count ? region[e] : 0;
+    mine += e < region_count && w[k] >= cut ? 1 : 0;
   }
+  int inclusive = mine;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xFFFFFFFFu, inclusive, o);
+    if (lane >= o) inclusive += v;
+  }
+  uint32_t base = 0;
+  if (lane == 31 && inclusive != 0) base = atomicAdd(&s.moved, static_cast<uint32_t>(inclusive));
+  int g = static_cast<int>(__shfl_sync(0xFFFFFFFFu, base, 31)) + inclusive - mine;
+  NamedBarrierSync(barrier, kTeamThreads);  // every word is read, every warp's indices reserved
+#pragma unroll
+  for (int k = 0; k < kCompactPerLane; ++k) {
+    const int e = k * 32 + lane;
+    if (e < region_count && w[k] >= cut) {
+      words[contiguous ? g : (g % kTeamWarps) * kRegionWords + g / kTeamWarps] = w[k];
+      ++g;
+    }
+  }
+  const int kept = static_cast<int>(s.moved);
+  NamedBarrierSync(barrier, kTeamThreads);  // the words are in place; every thread read `moved`
+  if (t == 0) s.moved = 0u;  // the next compaction's atomics follow BestCut's barrier
   return kept;
+}
+
+// Appends this lane's word to its row's region when it `enters`; `counts` are the warp's words
+// in its regions of both rows (row 0's in the low 16 bits, row 1's in the high), the same in
+// every lane. `row_lanes` are the lanes of this lane's row, `row_shift` its 16-bit half of `counts`.
+__device__ __forceinline__ void AppendWord(uint64_t* region, uint32_t& counts, bool enters, uint64_t word,
+                                           uint32_t row_lanes, uint32_t row_shift) {
+  const uint32_t entering = __ballot_sync(0xFFFFFFFFu, enters);
+  if (enters) region[((counts >> row_shift) & 0xFFFFu) + __popc(entering & row_lanes & LaneMaskLt())] = word;
+  counts += static_cast<uint32_t>(__popc(entering & kFirstRowLanes)) |
+            (static_cast<uint32_t>(__popc(entering & ~kFirstRowLanes)) << 16);
+}
+
+// The team's view of both rows after a barrier: each row's word count and largest key, from every
+// warp's region counts (`counts`) and the keys in its regions. Every thread of the team, at the
+// same point.
+struct RowTotals {
+  int count[kTeamRows];
+  uint32_t max_key[kTeamRows];
+  bool cut[kTeamRows];  // some warp's region of the row could not take another epoch
+};
+__device__ __forceinline__ RowTotals GatherTotals(uint32_t counts, uint32_t lane_max, int query, CandidateScratch& s,
+                                                  int t, int barrier) {
+  const int warp = t / 32, lane = t % 32;
+#pragma unroll
+  for (int q = 0; q < kTeamRows; ++q) {
+    const uint32_t high = __reduce_max_sync(0xFFFFFFFFu, query == q ? lane_max : 0u);
+    if (lane == 0) atomicMax(&s.max_key[q], high);
+  }
+  if (lane == 0) s.warp_sums[warp] = counts;
+  NamedBarrierSync(barrier, kTeamThreads);
+  RowTotals r;
+#pragma unroll
+  for (int q = 0; q < kTeamRows; ++q) {
+    r.count[q] = 0;
+    r.cut[q] = false;
+    r.max_key[q] = s.max_key[q];
+  }
+#pragma unroll
+  for (int x = 0; x < kTeamWarps; ++x) {
+    const uint32_t h = s.warp_sums[x];
+#pragma unroll
+    for (int q = 0; q < kTeamRows; ++q) {
+      const int n = static_cast<int>((h >> (16 * q)) & 0xFFFFu);
+      r.count[q] += n;
+      r.cut[q] = r.cut[q] || n > kCutAbove;
+    }
+  }
+  // warp_sums is next written after another barrier (an epoch's end, or a cut's).
+  return r;
+}
+
+// Cuts row q (count words, largest key max_key) to its `keep` best words, or up to `slack` more,
+// dealt out evenly over the regions again, and raises its threshold to the cut's key (a lower
+// bound of the keep-th best word's key: a superset still enters). Updates this warp's `counts`.
+__device__ __forceinline__ void CutRow(RowRegion& row, int q, int count, uint32_t max_key, int keep, int slack,
+                                       uint32_t& counts, CandidateScratch& s, int t, int barrier) {
+  // Through a shuffle, so that the compiler knows `counts` stays warp-uniform.
+  const int warp = __shfl_sync(0xFFFFFFFFu, t / 32, 0);
+  uint64_t* region = row.words + warp * kRegionWords;
+  const int mine = static_cast<int>((counts >> (16 * q)) & 0xFFFFu);
+  const uint64_t cut = BestCut(region, mine, count, keep, slack, row.threshold, max_key, s, t, barrier);
+  const int kept = CompactRow(row.words, region, mine, cut, false, s, t, barrier);
+  const uint32_t ours = static_cast<uint32_t>((kept + kTeamWarps - 1 - warp) / kTeamWarps);
+  counts = (counts & ~(0xFFFFu << (16 * q))) | (ours << (16 * q));
+  const uint32_t cut_key = static_cast<uint32_t>(cut >> 32);
+  if (cut_key > row.threshold) row.threshold = cut_key;
+}
+
+// The end of an epoch (every thread of the team, after its pages): one barrier, which also tells
+// whether some warp's region of a row could not take another epoch; if so, that row is cut.
+__device__ __forceinline__ void EndEpoch(RowRegion (&rows)[kTeamRows], uint32_t& counts, uint32_t lane_max, int query,
+                                         int topk, CandidateScratch& s, int t, int barrier) {
+  const bool full = (counts & 0xFFFFu) > static_cast<uint32_t>(kCutAbove) ||
+                    (counts >> 16) > static_cast<uint32_t>(kCutAbove);
+  if (!NamedBarrierAny(barrier, kTeamThreads, full)) return;  // uniform
+  const RowTotals totals = GatherTotals(counts, lane_max, query, s, t, barrier);
+#pragma unroll
+  for (int q = 0; q < kTeamRows; ++q) {
+    if (totals.cut[q]) CutRow(rows[q], q, totals.count[q], totals.max_key[q], topk, kCutSlack, counts, s, t, barrier);
+  }
 }
 
 // Sorts words[0, n) in descending order, n a power of two (a bitonic network over the team).
@@ -173,96 +295,6 @@ __device__ __forceinline__ void SortDescending(uint64_t* words, int n, int t, in
   }
 }
 
-// One query row's buffer while its keys are scored: where its words are, how many the epochs before
-// the current one kept, and the key a new word must beat. Every thread of the team holds the same
-// values.
-struct RowCandidates {
-  uint64_t* words;
-  int count;
-  uint32_t threshold;  // kNotCandidate at first: every key of a valid token beats it
-
-  // Cuts the buffer to its `keep` best words and raises the threshold to the key of the keep-th
-  // best word's bucket (a lower bound of its key: a superset still enters).
-  __device__ __forceinline__ void Cut(int keep, CandidateScratch& s, int t, int barrier) {
-    const uint64_t cut = BestCut(words, count, keep, s, t, barrier);
-    uint64_t* buffer = words;
-    count = KeepInOrder(words, count, cut, s, t, barrier, [&](int rank, uint64_t w) { buffer[rank] = w; });
-    const uint32_t cut_key = static_cast<uint32_t>(cut >> 32);
-    if (cut_key > threshold) threshold = cut_key;
-  }
-};
-
-// Where this lane stages its word of each page of an epoch: its query's row, past the row's words,
-// its warp's 16 slots of the page, its token among them (+ kPageTokens per page of the epoch).
-// Every lane writes one, 0 (below every word) when it does not enter, so that a page's candidates
-// cost one store and no vote.
-__device__ __forceinline__ uint64_t* StagingSlot(const RowCandidates (&rows)[kTeamRows], int query, int warp,
-                                                 int warp_token) {
-  const RowCandidates& row = query == 0 ? rows[0] : rows[1];
-  return row.words + row.count + 16 * warp + warp_token;
-}
-
-// Moves the epoch's staged words of both rows (`staged` slots a row, from each row's count on) to
-// the ends of the rows' words, dropping the zeros: each warp reserves room for its words with one
-// atomic on the close's counter (`parity`: closes alternate between two, so that one is cleared
-// while the other counts). Every staged word is read before any is written, so a word may land on
-// any slot.
-__device__ __forceinline__ void CompactStaged(RowCandidates (&rows)[kTeamRows], int staged, int parity,
-                                              CandidateScratch& s, int t, int barrier) {
-  constexpr int kRounds = kTeamEpochPages * kPageTokens / kTeamThreads;
-  static_assert(kRounds * kTeamThreads == kTeamEpochPages * kPageTokens, "every staged slot is read");
-  static_assert(kTeamEpochPages * kPageTokens < (1 << 16), "a row's count of an epoch fits 16 bits");
-  const int lane = t % 32;
-  const uint32_t below = (1u << lane) - 1u;
-  uint64_t w[kTeamRows][kRounds];
-  uint32_t ballot[kTeamRows][kRounds];
-  uint32_t warp_words = 0;  // both rows', 16 bits each
-#pragma unroll
-  for (int k = 0; k < kRounds; ++k) {
-    const int e = k * kTeamThreads + t;
-#pragma unroll
-    for (int q = 0; q < kTeamRows; ++q) {
-      w[q][k] = e < staged ? rows[q].words[rows[q].count + e] : 0;
-      ballot[q][k] = __ballot_sync(0xFFFFFFFFu, w[q][k] != 0);
-      warp_words += static_cast<uint32_t>(__popc(ballot[q][k])) << (16 * q);
-    }
-  }
-  NamedBarrierSync(barrier, kTeamThreads);  // every staged word is read
-  uint32_t at = 0;
-  if (lane == 0 && warp_words != 0u) at = atomicAdd(&s.kept[parity], warp_words);
-  at = __shfl_sync(0xFFFFFFFFu, at, 0);
-#pragma unroll
-  for (int k = 0; k < kRounds; ++k) {
-#pragma unroll
-    for (int q = 0; q < kTeamRows; ++q) {
-      if (w[q][k] != 0) {
-        const int rank = static_cast<int>((at >> (16 * q)) & 0xFFFFu) + __popc(ballot[q][k] & below);
-        rows[q].words[rows[q].count + rank] = w[q][k];
-      }
-      at += static_cast<uint32_t>(__popc(ballot[q][k])) << (16 * q);
-    }
-  }
-  NamedBarrierSync(barrier, kTeamThreads);  // the words are in place and counted
-  const uint32_t kept = s.kept[parity];
-  rows[0].count += static_cast<int>(kept & 0xFFFFu);
-  rows[1].count += static_cast<int>(kept >> 16);
-  // The other counter: every thread read it in the previous close, before this close's first barrier.
-  if (t == 0) s.kept[parity ^ 1] = 0u;
-}
-
-// The end of epoch `epoch`, which staged `staged` slots a row (every thread of the team, after its
-// pages): the staged words join the rows' words, and a row that could not take another epoch is cut
-// to its `topk` best.
-__device__ __forceinline__ void CloseEpoch(RowCandidates (&rows)[kTeamRows], int staged, int epoch, int topk,
-                                           CandidateScratch& s, int t, int barrier) {
-  NamedBarrierSync(barrier, kTeamThreads);  // the epoch's words are staged
-  CompactStaged(rows, staged, epoch & 1, s, t, barrier);
-#pragma unroll
-  for (int q = 0; q < kTeamRows; ++q) {
-    if (rows[q].count > kCutAbove) rows[q].Cut(topk, s, t, barrier);  // ends with a barrier
-  }
-}
-
 // The team's exclusive prefix sum of `value` over its threads (in thread order), and the total.
 __device__ __forceinline__ int TeamExclusiveSum(int value, CandidateScratch& s, int t, int barrier, int& total) {
   const int warp = t / 32, lane = t % 32;
@@ -272,26 +304,30 @@ __device__ __forceinline__ int TeamExclusiveSum(int value, CandidateScratch& s, 
     const int v = __shfl_up_sync(0xFFFFFFFFu, inclusive, o);
     if (lane >= o) inclusive += v;
   }
-  if (lane == 31) s.round_counts[0][warp] = static_cast<uint32_t>(inclusive);
+  if (lane == 31) s.warp_sums[warp] = static_cast<uint32_t>(inclusive);
   NamedBarrierSync(barrier, kTeamThreads);
   int before = inclusive - value;
   total = 0;
 #pragma unroll
   for (int x = 0; x < kTeamWarps; ++x) {
-    const int c = static_cast<int>(s.round_counts[0][x]);
+    const int c = static_cast<int>(s.warp_sums[x]);
     before += x < warp ? c : 0;
     total += c;
   }
-  NamedBarrierSync(barrier, kTeamThreads);  // round_counts is rewritten by the next use
+  NamedBarrierSync(barrier, kTeamThreads);  // warp_sums is rewritten by the next use
   return before;
 }
 
 // Writes the ids of words[0, count) (distinct positions below `length`) to out[0, count) in
 // ascending position: a window of kBitmapPositions positions at a time is marked in `bitmap`, and
-// each thread writes the set bits of its own stretch of the bitmap at its prefix count.
+// each thread takes the set bits of its own stretch of the bitmap at its prefix count. A row of
+// one window gathers its ids in `ids` (over the words, read by then) and writes them out in one
+// coalesced pass; a longer row's windows read the words again, so its threads write directly.
 __device__ __forceinline__ void WriteInPositionOrder(const uint64_t* words, int count, int64_t length,
-                                                     int64_t first_id, int32_t* out, uint32_t* bitmap,
+                                                     int64_t first_id, int32_t* out, uint32_t* bitmap, int32_t* ids,
                                                      CandidateScratch& s, int t, int barrier) {
+  const bool one_window = length <= kBitmapPositions;
+  int32_t* dest = one_window ? ids : out;
   int written = 0;
   for (int64_t base = 0; base < length && written < count; base += kBitmapPositions) {
     const int64_t span = length - base < kBitmapPositions ? length - base : kBitmapPositions;
@@ -308,28 +344,38 @@ __device__ __forceinline__ void WriteInPositionOrder(const uint64_t* words, int 
     int mine = 0;
     for (int x = first; x < last; ++x) mine += __popc(bitmap[x]);
     int total;
-    int rank = written + TeamExclusiveSum(mine, s, t, barrier, total);
+    int rank = written + TeamExclusiveSum(mine, s, t, barrier, total);  // ends with a barrier
     for (int x = first; x < last; ++x) {
       for (uint32_t bits = bitmap[x]; bits != 0u; bits &= bits - 1u) {
-        out[rank++] = static_cast<int32_t>(first_id + base + 32 * x + __ffs(bits) - 1);
+        dest[rank++] = static_cast<int32_t>(first_id + base + 32 * x + __ffs(bits) - 1);
       }
     }
     written += total;
     NamedBarrierSync(barrier, kTeamThreads);  // the bitmap is cleared for the next window
   }
+  if (one_window) {
+    for (int e = t; e < written; e += kTeamThreads) out[e] = ids[e];
+  }
 }
 
-// Writes a row's output: its `topk` best words' ids (by position, or by rank word when
+// Writes row q's output: its `topk` best words' ids (by position, or by rank word when
 // `sorted_by_score`), then -1. `first_id` is added to each word's position (the row's start for
-// absolute ids, else 0); `length` bounds the positions (the row's key count).
-__device__ __forceinline__ void EmitRow(RowCandidates& row, int topk, bool sorted_by_score, int64_t length,
-                                        int64_t first_id, int32_t* out, CandidateScratch& s, int t, int barrier) {
-  row.Cut(row.count < topk ? row.count : topk, s, t, barrier);  // the best words, at the buffer's front
+// absolute ids, else 0); `length` bounds the positions (the row's key count); `totals` are the
+// rows' counts and largest keys (GatherTotals, after the last epoch).
+__device__ __forceinline__ void EmitRow(RowRegion& row, int q, const RowTotals& totals, uint32_t counts, int topk,
+                                        bool sorted_by_score, int64_t length, int64_t first_id, int32_t* out,
+                                        CandidateScratch& s, int t, int barrier) {
+  const int warp = t / 32;
+  uint64_t* region = row.words + warp * kRegionWords;
+  const int mine = static_cast<int>((counts >> (16 * q)) & 0xFFFFu);
+  // The best words (all of them when they are no more than K), gathered at the buffer's front.
+  const uint64_t cut =
+      BestCut(region, mine, totals.count[q], topk, 0, row.threshold, totals.max_key[q], s, t, barrier);
+  const int kept = CompactRow(row.words, region, mine, cut, true, s, t, barrier);
   uint64_t* buffer = row.words;
-  const int kept = row.count;
   if (!sorted_by_score) {
-    WriteInPositionOrder(buffer, kept, length, first_id, out, reinterpret_cast<uint32_t*>(buffer + kMaxTopK), s, t,
-                         barrier);
+    WriteInPositionOrder(buffer, kept, length, first_id, out, reinterpret_cast<uint32_t*>(buffer + kMaxTopK),
+                         reinterpret_cast<int32_t*>(buffer), s, t, barrier);
   } else {
     int n = 1;
     while (n < kept) n <<= 1;

@@ -9,9 +9,10 @@
 //                   m64nCk32 sequence per page with both rows' heads on N (C = 2 x H columns, the
 //                   layout of DeepGEMM's fp8_mqa_logits and of the decode kernels,
 //                   sm90_page_epilogue.cuh), then the scores (relu, head weights, head sum, key
-//                   scale). Each warpgroup stages the words of the ones that beat its rows'
-//                   thresholds on its own; the team meets once per epoch of a few pages, to keep
-//                   them and cut, and at the end selects and writes each row.
+//                   scale). Each warp adds the words of the ones that beat its rows' thresholds
+//                   to its own regions of the rows' buffers; the team meets once per epoch of a
+//                   few pages, and cuts a row only when some warp's region could not take another
+//                   epoch; at the end it selects and writes each row.
 //                   Four math warps per scheduler (DeepGEMM's logits kernel runs four math
 //                   warpgroups too): while one warp waits on its products or its team's barrier,
 //                   the others issue, and the tensor cores always hold some warpgroup's products.
@@ -63,10 +64,17 @@ static_assert(kPrefillMathThreads * kPrefillMathRegisters + kWarpgroupThreads * 
                   kPrefillThreads * kPrefillLaunchRegisters,
               "the register split must fit the CTA's launch allocation");
 // Pages in flight: a page is consumed in about the tensor-core time of its four rows' products,
-// and six of those cover an L2 round trip of the TMA unit several times over. Even, so that each
-// warpgroup of a team, taking every other page, keeps to the same half of the stages per phase.
-constexpr int kPrefillStages = 6;
+// and four of those cover an L2 round trip of the TMA unit; every stage fewer leaves its 8.25 KB
+// to the candidate buffers, whose size sets how often rows are cut. Even, so that each warpgroup
+// of a team, taking every other page, keeps to the same half of the stages per phase.
+constexpr int kPrefillStages = 4;
 static_assert(kPrefillStages % kTeamWarpgroups == 0, "a warpgroup's pages advance the ring by whole turns");
+// A warpgroup's pages per turn of the ring, and the turns of an epoch: even, so that every epoch
+// starts each stage at phase 0.
+constexpr int kStagesPerMember = kPrefillStages / kTeamWarpgroups;
+constexpr int kEpochTurns = kEpochPages / kStagesPerMember;
+static_assert(kEpochTurns * kStagesPerMember == kEpochPages && kEpochTurns % 2 == 0,
+              "an epoch turns the stage ring a whole, even number of times");
 constexpr int kKeyScaleBytes = kPageTokens * 4;
 
 template <int kHeads>
@@ -83,6 +91,7 @@ struct alignas(1024) PrefillSmem {
 
 template <int kHeads>
 inline constexpr size_t PrefillSmemBytes() { return 1024 /* alignment slack */ + sizeof(PrefillSmem<kHeads>); }
+static_assert(PrefillSmemBytes<64>() <= 227 * 1024, "a CTA may have 227 KB of shared memory on sm_90");
 
 // A row's keys after the contract's clamps: [begin, end), empty when end <= begin; rows past M
 // are empty.
@@ -198,53 +207,64 @@ __device__ __forceinline__ void ScoreAndSelectRows(PrefillSmem<kHeads>& s, const
     const int64_t row = first_row + q < p.rows ? first_row + q : p.rows - 1;
     LoadHeadWeights<kHeads>(p.weights + row * kHeads, lane, weights.held[q]);
   }
-  RowCandidates rows[kTeamRows] = {{s.words[kTeamRows * team], 0, kNotCandidate},
-                                   {s.words[kTeamRows * team + 1], 0, kNotCandidate}};
+  RowRegion rows[kTeamRows] = {{s.words[kTeamRows * team], kNotCandidate},
+                               {s.words[kTeamRows * team + 1], kNotCandidate}};
   const uint32_t desc_q = SmemDescLow(s.q_tiles + team * kTeamRows * kQTileBytes<kHeads>);
   MbarWait(&s.q_full, 0);
 
   // Each warpgroup of the team scores every other page (member 0 the even ones), reading its
-  // products as soon as they land (the stage is released at once), and stages the page's words;
-  // the team meets once per epoch of kTeamEpochPages pages, to keep the words and cut.
-  int stage = member;
-  uint32_t phase = 0;
-  const int32_t begin = static_cast<int32_t>(keys.begin), end = static_cast<int32_t>(keys.end);
+  // products as soon as they land (the stage is released at once), and each warp adds the page's
+  // entering words to its regions; the team meets once per epoch of kTeamEpochPages pages. An epoch
+  // turns the stage ring a whole, even number of times, so each of its pages has a stage and a
+  // phase known at compile time (page u of a turn: stage member + 2u): no stage arithmetic, and
+  // the barrier and tile addresses are immediates.
+  // A token's position in this lane's row is its page's first key plus lane_offset; it is a key of
+  // the row when that is below row_length (unsigned: positions before the row wrap above it).
+  // Both fit 32 bits: keys lie below N < 2^31 (checked on the host).
+  const int32_t lane_offset = token - static_cast<int32_t>(keys.begin);
+  const uint32_t row_length = static_cast<uint32_t>(keys.end - keys.begin);
+  const uint32_t row_lanes = query == 0 ? kFirstRowLanes : ~kFirstRowLanes, row_shift = query == 0 ? 0u : 16u;
+  // This warp's region of this lane's row, and its counts of words in its regions of both rows.
+  uint64_t* const region = (query == 0 ? rows[0].words : rows[1].words) + (t / 32) * kRegionWords;
+  uint32_t counts = 0, lane_max = kNotCandidate;
   const int epochs = (pages.count + kTeamEpochPages - 1) / kTeamEpochPages;
   for (int epoch = 0; epoch < epochs; ++epoch) {
     const int first_page = epoch * kTeamEpochPages;
     const int epoch_end = pages.count < first_page + kTeamEpochPages ? pages.count : first_page + kTeamEpochPages;
-    // Thresholds and counts change only between epochs.
+    // Thresholds change only between epochs.
     const uint32_t threshold = query == 0 ? rows[0].threshold : rows[1].threshold;
-    uint64_t* slot = StagingSlot(rows, query, warp, warp_token) + member * kPageTokens;
-    for (int i = first_page + member; i < epoch_end; i += kTeamWarpgroups, slot += kTeamWarpgroups * kPageTokens) {
-      float acc[kHeads];
-      IssuePage<kHeads>(s, acc, desc_q, stage, phase);
-      const float scale0 = s.scales[stage][r0], scale1 = s.scales[stage][r0 + 8];
-      WgmmaWait<0>();
-      FenceOperand(acc);
-      MbarArrive(&s.empty[stage]);
-      stage += kTeamWarpgroups;
-      if (stage >= kPrefillStages) {
-        stage -= kPrefillStages;
-        phase ^= 1;
+    for (int turn = 0; turn < kEpochTurns; ++turn) {
+      const uint32_t phase = static_cast<uint32_t>(turn) & 1u;
+#pragma unroll
+      for (int u = 0; u < kStagesPerMember; ++u) {
+        const int i = first_page + member + kTeamWarpgroups * (turn * kStagesPerMember + u);
+        if (i >= epoch_end) break;  // uniform; later pages of the epoch are past it too
+        const int stage = member + kTeamWarpgroups * u;
+        float acc[kHeads];
+        IssuePage<kHeads>(s, acc, desc_q, stage, phase);
+        const float scale0 = s.scales[stage][r0], scale1 = s.scales[stage][r0 + 8];
+        WgmmaWait<0>();
+        FenceOperand(acc);
+        MbarArrive(&s.empty[stage]);
+        const uint32_t key = ScoreToKey(PageScore<kHeads>(acc, weights, scale0, scale1, lane));
+        const uint32_t position =
+            static_cast<uint32_t>(static_cast<int32_t>((pages.first + i) * kPageTokens) + lane_offset);
+        const bool enters = position < row_length && key > threshold;
+        AppendWord(region, counts, enters, RankWord(key, position), row_lanes, row_shift);
+        lane_max = enters && key > lane_max ? key : lane_max;
       }
-      const uint32_t key = ScoreToKey(PageScore<kHeads>(acc, weights, scale0, scale1, lane));
-      // This lane's token position: below 2^31, since a page starts below N < 2^31 (checked on
-      // the host).
-      const int32_t j = static_cast<int32_t>((pages.first + i) * kPageTokens) + token;
-      const bool enters = j >= begin && j < end && key > threshold;
-      *slot = enters ? RankWord(key, static_cast<uint32_t>(j - begin)) : 0;
     }
-    CloseEpoch(rows, (epoch_end - first_page) * kPageTokens, epoch, p.topk, scratch, t, barrier);
+    EndEpoch(rows, counts, lane_max, query, p.topk, scratch, t, barrier);
   }
+  const RowTotals totals = GatherTotals(counts, lane_max, query, scratch, t, barrier);
 
 #pragma unroll
   for (int q = 0; q < kTeamRows; ++q) {
     const int64_t row = first_row + q;
     if (row >= p.rows) break;  // uniform
     const KeyRange row_keys = RowKeys(p, row);
-    EmitRow(rows[q], p.topk, p.sorted, row_keys.end - row_keys.begin, p.absolute_ids ? row_keys.begin : 0,
-            p.topk_indices + row * p.topk, scratch, t, barrier);
+    EmitRow(rows[q], q, totals, counts, p.topk, p.sorted, row_keys.end - row_keys.begin,
+            p.absolute_ids ? row_keys.begin : 0, p.topk_indices + row * p.topk, scratch, t, barrier);
   }
 }
 
@@ -269,7 +289,11 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
       MbarInit(&s.empty[st], kPrefillTeams * kWarpgroupThreads);  // one warpgroup of each team
     }
     MbarInit(&s.q_full, 1);
-    for (int e = 0; e < kPrefillTeams; ++e) s.scratch[e].kept[0] = s.scratch[e].kept[1] = 0u;
+    for (int e = 0; e < kPrefillTeams; ++e) {
+      CandidateScratch& scratch = s.scratch[e];
+      scratch.moved = 0u;
+      for (int q = 0; q < kTeamRows; ++q) scratch.max_key[q] = kNotCandidate;
+    }
     FenceBarrierInit();
   }
   __syncthreads();

@@ -11,6 +11,13 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The lanes below this one in its warp (a special register: no shift of the lane index).
+__device__ __forceinline__ uint32_t LaneMaskLt() {
+  uint32_t mask;
+  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(mask));
+  return mask;
+}
+
 // The first `Align`-aligned byte of a dynamic shared-memory buffer (allocated with Align - 1
 // bytes of slack). Offsetting the array itself, not a pointer rebuilt from an integer, keeps the
 // compiler aware that the result is shared memory: through an integer cast every access becomes a
@@ -103,6 +110,21 @@ __device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap* map) {
 // Barrier `id` (1..15; 0 is __syncthreads) over `threads` threads, whole warps.
 __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// A named barrier that also tells every thread whether `pred` held in any of them.
+__device__ __forceinline__ bool NamedBarrierAny(int id, int threads, bool pred) {
+  uint32_t any;
+  asm volatile(
+      "{\n"
+      ".reg .pred p, q;\n"
+      "setp.ne.u32 p, %1, 0;\n"
+      "bar.red.or.pred q, %2, %3, p;\n"
+      "selp.u32 %0, 1, 0, q;\n"
+      "}\n"
+      : "=r"(any)
+      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return any != 0u;
 }
 
 // ---- programmatic dependent launch ----------------------------------------------------------
