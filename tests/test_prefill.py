@@ -284,14 +284,14 @@ def test_rows_shorter_than_k_and_empty_rows():
 
 @pytest.mark.parametrize("sorted_", ORDERS)
 def test_a_row_longer_than_one_ordering_pass(sorted_):
-    """One row of 170,000 keys with exact scores: the CUDA kernel puts a row's ids in position order
-    159,744 positions a pass, so this row's ids come from two passes; they must be the reference's,
-    byte for byte, in either order."""
-    batch = make_exact_prefill_batch([170_000], queries=[1], seed=41)
+    """One row of 200,000 keys with exact scores: the CUDA kernel puts a row's ids in position order
+    193,536 positions a pass (kBitmapPositions), so this row's ids come from two passes; they must be
+    the reference's, byte for byte, in either order."""
+    batch = make_exact_prefill_batch([200_000], queries=[1], seed=41)
     out = run_prefill(batch.args(), 2048, sorted=sorted_)
     assert_exact(out, batch, 2048, sorted=sorted_)
     if not sorted_:
-        assert out[0, -1] >= 159_744, "the chosen ids should reach the second pass"
+        assert out[0, -1] >= 193_536, "the chosen ids should reach the second pass"
 
 
 def test_empty_chunk_no_keys_and_k_zero():

@@ -84,18 +84,19 @@ def test_rising_scores_keep_the_last_keys(sorted_, heads):
 
 
 @pytest.mark.parametrize("sorted_", ORDERS)
-def test_rising_scores_on_one_warps_tokens_only(sorted_):
-    """Scores rise only on the first 16 keys of every 64-key page (the keys one warp of each
-    warpgroup scores) and are 0.0 elsewhere: the words that enter land in that warp's region of a
-    row's buffer, which fills long before the others; the row is cut and its words dealt out over
-    all the regions again, every few pages."""
+@pytest.mark.parametrize("heads", [NUM_HEADS, NUM_HEADS_NARROW])
+def test_rising_scores_on_one_warps_tokens_only(sorted_, heads):
+    """Scores rise only on the first 16 keys of every other 64-key page (the keys one warp of one
+    warpgroup scores) and are 0.0 elsewhere: once the zeros stop entering, every word that enters
+    lands in that one warp's region of a row's buffer, which fills long before the others; the row
+    is cut and its words dealt out over all the regions again, every few pages."""
     length = 20000
-    batch = _rising(length, 5, seed=37)
-    batch.k_scale[np.arange(len(batch.k_scale)) % 64 >= 16] = 0.0
+    batch = _rising(length, 5, seed=37, heads=heads)
+    batch.k_scale[np.arange(len(batch.k_scale)) % 128 >= 16] = 0.0
     out = run_cuda(batch, 2048, sorted=sorted_)
     np.testing.assert_array_equal(out, ffi_dsa.reference_prefill(*batch.args(), topk=2048, sorted=sorted_))
     assert batch.ks[0] == 0  # ids relative to the row's start are key indices
-    risers = np.flatnonzero(np.arange(batch.ke[0]) % 64 < 16)[-2048:]
+    risers = np.flatnonzero(np.arange(batch.ke[0]) % 128 < 16)[-2048:]
     assert sorted(out[0].tolist()) == risers.tolist()
 
 

@@ -43,12 +43,13 @@ constexpr int kTeamWarps = kTeamThreads / 32;
 // freely inside an epoch, so that one's products run while the other scores.
 constexpr int kEpochPages = 8;
 constexpr int kTeamEpochPages = kTeamWarpgroups * kEpochPages;
-// A warp's region of a row's buffer, and the words the warp can add to it in an epoch (16 tokens
-// of the row a page). A row is cut at an epoch's end when some warp's region holds more than
-// kCutAbove words: the next epoch could overflow it.
+// A warp's region of a row's buffer, and the words the warp can add to it in an epoch (a page's
+// tokens are spread over the warpgroup's four warps, 16 rows of the m64 accumulators each). A row is
+// cut at an epoch's end when some warp's region holds more than kCutAbove words: the next epoch
+// could overflow it.
 constexpr int kRegionWords = kCandidateCapacity / kTeamWarps;
 static_assert(kRegionWords * kTeamWarps == kCandidateCapacity, "the regions tile the buffer");
-constexpr int kWarpEpochWords = kEpochPages * 16;
+constexpr int kWarpEpochWords = kEpochPages * (kPageTokens / 4);
 constexpr int kCutAbove = kRegionWords - kWarpEpochWords;
 static_assert(kRegionWords < (1 << 16), "a region's count fits 16 bits");
 // A cut at an epoch's end may keep up to this many words more than K (the whole bucket of the
