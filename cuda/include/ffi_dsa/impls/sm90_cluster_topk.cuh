@@ -38,6 +38,7 @@
 
 #include "ffi_dsa/contract.h"
 #include "ffi_dsa/impls/sm90_slice_stats.cuh"
+#include "ffi_dsa/impls/sm90_warp.cuh"
 #include "ffi_dsa/rank_key.h"
 
 namespace ffi_dsa::sm90 {
@@ -214,26 +215,6 @@ __device__ __forceinline__ void ClusterBarrier() { cg::this_cluster().sync(); }
 // A cluster barrier for clusters, a block barrier for one CTA.
 __device__ __forceinline__ void RowBarrier(int cluster_size) {
   if (cluster_size > 1) ClusterBarrier(); else __syncthreads();
-}
-
-// Sum over the warp (every lane gets it).
-template <typename T>
-__device__ __forceinline__ T WarpSum(T x) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, o);
-  return x;
-}
-// 32-bit sums: one redux.sync instead of five dependent shuffles.
-__device__ __forceinline__ uint32_t WarpSum(uint32_t x) { return __reduce_add_sync(0xFFFFFFFFu, x); }
-
-__device__ __forceinline__ uint32_t WarpInclusiveSum(uint32_t x) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int o = 1; o < 32; o *= 2) {
-    const uint32_t y = __shfl_up_sync(0xFFFFFFFFu, x, o);
-    if (lane >= o) x += y;
-  }
-  return x;
 }
 
 // Exclusive prefix sum over the CTA's threads in thread order; `total` gets the sum. Not inlined:

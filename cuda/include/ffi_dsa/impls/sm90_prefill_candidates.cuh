@@ -22,6 +22,7 @@
 
 #include "ffi_dsa/contract.h"
 #include "ffi_dsa/impls/sm90_ptx.cuh"
+#include "ffi_dsa/impls/sm90_warp.cuh"
 #include "ffi_dsa/rank_key.h"
 
 namespace ffi_dsa::sm90 {
@@ -52,6 +53,11 @@ static_assert(kRegionWords * kTeamWarps == kCandidateCapacity, "the regions tile
 constexpr int kWarpEpochWords = kEpochPages * (kPageTokens / 4);
 constexpr int kCutAbove = kRegionWords - kWarpEpochWords;
 static_assert(kRegionWords < (1 << 16), "a region's count fits 16 bits");
+// Whether a warp's region of row q (its count in `counts`, 16 bits a row) could not take another
+// epoch.
+__device__ __forceinline__ bool RegionFull(uint32_t counts, int q) {
+  return ((counts >> (16 * q)) & 0xFFFFu) > static_cast<uint32_t>(kCutAbove);
+}
 // A cut at an epoch's end may keep up to this many words more than K (the whole bucket of the
 // K-th word): an exact K-th word would cost more radix passes, and a superset of the K best is
 // as good a buffer. The row's output cut is exact.
@@ -73,7 +79,7 @@ struct CandidateScratch {
   uint32_t histogram[kRadixBuckets];
   uint32_t warp_sums[kTeamWarps];  // each warp's region counts (both rows) at a cut; TeamExclusiveSum's sums
   uint32_t moved;                  // words a compaction kept (zero between compactions)
-  uint32_t max_key[kTeamRows];     // the largest key each row's buffer has held (at the last count)
+  uint32_t max_key[kTeamRows];     // the largest key each row has taken in (at the last GatherTotals)
   uint32_t pick[3];                // digit, words still needed, words in its bucket
 };
 
@@ -81,8 +87,8 @@ struct CandidateScratch {
 // query (lane >> 1) & 1 in each lane (sm90_prefill_rows.cuh).
 constexpr uint32_t kFirstRowLanes = 0x33333333u;
 
-// A warp's view of one row's buffer: its region, the count there (the same in every lane), and
-// the row's threshold (the same in every thread of the team).
+// One row's buffer (a region per warp; each warp keeps its regions' counts itself, in `counts`)
+// and its threshold (the same in every thread of the team).
 struct RowRegion {
   uint64_t* words;      // the row's whole buffer
   uint32_t threshold;   // kNotCandidate at first: every key of a valid token beats it
@@ -127,12 +133,7 @@ __device__ __forceinline__ uint64_t BestCut(const uint64_t* region, int region_c
         c[b] = s.histogram[255 - 8 * t - b];
         sum += c[b];
       }
-      uint32_t inclusive = sum;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const uint32_t v = __shfl_up_sync(0xFFFFFFFFu, inclusive, o);
-        if (t >= o) inclusive += v;
-      }
+      const uint32_t inclusive = WarpInclusiveSum(sum);
       uint32_t above = inclusive - sum;
       const uint32_t need = static_cast<uint32_t>(keep);
       if (above < need && need <= inclusive) {
@@ -166,22 +167,17 @@ __device__ __forceinline__ int CompactRow(uint64_t* words, uint64_t* region, int
                                           bool contiguous, CandidateScratch& s, int t, int barrier) {
   const int lane = t % 32;
   uint64_t w[kCompactPerLane];
-  int mine = 0;
+  uint32_t mine = 0;
 #pragma unroll
   for (int k = 0; k < kCompactPerLane; ++k) {
     const int e = k * 32 + lane;
     w[k] = e < region_count ? region[e] : 0;
-    mine += e < region_count && w[k] >= cut ? 1 : 0;
+    mine += e < region_count && w[k] >= cut ? 1u : 0u;
   }
-  int inclusive = mine;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int v = __shfl_up_sync(0xFFFFFFFFu, inclusive, o);
-    if (lane >= o) inclusive += v;
-  }
+  const uint32_t inclusive = WarpInclusiveSum(mine);
   uint32_t base = 0;
-  if (lane == 31 && inclusive != 0) base = atomicAdd(&s.moved, static_cast<uint32_t>(inclusive));
-  int g = static_cast<int>(__shfl_sync(0xFFFFFFFFu, base, 31)) + inclusive - mine;
+  if (lane == 31 && inclusive != 0u) base = atomicAdd(&s.moved, inclusive);
+  int g = static_cast<int>(__shfl_sync(0xFFFFFFFFu, base, 31) + inclusive - mine);
   NamedBarrierSync(barrier, kTeamThreads);  // every word is read, every warp's indices reserved
 #pragma unroll
   for (int k = 0; k < kCompactPerLane; ++k) {
@@ -208,9 +204,10 @@ __device__ __forceinline__ void AppendWord(uint64_t* region, uint32_t& counts, b
             (static_cast<uint32_t>(__popc(entering & ~kFirstRowLanes)) << 16);
 }
 
-// The team's view of both rows after a barrier: each row's word count and largest key, from every
-// warp's region counts (`counts`) and the keys in its regions. Every thread of the team, at the
-// same point.
+// The team's view of both rows after a barrier: each row's word count and a bound on its largest
+// key, from every warp's region counts (`counts`) and its lanes' largest added keys (`lane_max`,
+// of the lane's own row `query`; a word a cut dropped may still count, which only widens the
+// bound). Every thread of the team, at the same point.
 struct RowTotals {
   int count[kTeamRows];
   uint32_t max_key[kTeamRows];
@@ -238,9 +235,8 @@ __device__ __forceinline__ RowTotals GatherTotals(uint32_t counts, uint32_t lane
     const uint32_t h = s.warp_sums[x];
 #pragma unroll
     for (int q = 0; q < kTeamRows; ++q) {
-      const int n = static_cast<int>((h >> (16 * q)) & 0xFFFFu);
-      r.count[q] += n;
-      r.cut[q] = r.cut[q] || n > kCutAbove;
+      r.count[q] += static_cast<int>((h >> (16 * q)) & 0xFFFFu);
+      r.cut[q] = r.cut[q] || RegionFull(h, q);
     }
   }
   // warp_sums is next written after another barrier (an epoch's end, or a cut's).
@@ -268,9 +264,7 @@ __device__ __forceinline__ void CutRow(RowRegion& row, int q, int count, uint32_
 // whether some warp's region of a row could not take another epoch; if so, that row is cut.
 __device__ __forceinline__ void EndEpoch(RowRegion (&rows)[kTeamRows], uint32_t& counts, uint32_t lane_max, int query,
                                          int topk, CandidateScratch& s, int t, int barrier) {
-  const bool full = (counts & 0xFFFFu) > static_cast<uint32_t>(kCutAbove) ||
-                    (counts >> 16) > static_cast<uint32_t>(kCutAbove);
-  if (!NamedBarrierAny(barrier, kTeamThreads, full)) return;  // uniform
+  if (!NamedBarrierAny(barrier, kTeamThreads, RegionFull(counts, 0) || RegionFull(counts, 1))) return;  // uniform
   const RowTotals totals = GatherTotals(counts, lane_max, query, s, t, barrier);
 #pragma unroll
   for (int q = 0; q < kTeamRows; ++q) {
@@ -299,12 +293,7 @@ __device__ __forceinline__ void SortDescending(uint64_t* words, int n, int t, in
 // The team's exclusive prefix sum of `value` over its threads (in thread order), and the total.
 __device__ __forceinline__ int TeamExclusiveSum(int value, CandidateScratch& s, int t, int barrier, int& total) {
   const int warp = t / 32, lane = t % 32;
-  int inclusive = value;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int v = __shfl_up_sync(0xFFFFFFFFu, inclusive, o);
-    if (lane >= o) inclusive += v;
-  }
+  const int inclusive = static_cast<int>(WarpInclusiveSum(static_cast<uint32_t>(value)));
   if (lane == 31) s.warp_sums[warp] = static_cast<uint32_t>(inclusive);
   NamedBarrierSync(barrier, kTeamThreads);
   int before = inclusive - value;

@@ -224,7 +224,8 @@ __device__ __forceinline__ void ScoreAndSelectRows(PrefillSmem<kHeads>& s, const
   const int32_t lane_offset = token - static_cast<int32_t>(keys.begin);
   const uint32_t row_length = static_cast<uint32_t>(keys.end - keys.begin);
   const uint32_t row_lanes = query == 0 ? kFirstRowLanes : ~kFirstRowLanes, row_shift = query == 0 ? 0u : 16u;
-  // This warp's region of this lane's row, and its counts of words in its regions of both rows.
+  // This warp's region of this lane's row, its counts of words in its regions of both rows, and the
+  // largest key this lane has added (the top of the cuts' radix range).
   uint64_t* const region = (query == 0 ? rows[0].words : rows[1].words) + (t / 32) * kRegionWords;
   uint32_t counts = 0, lane_max = kNotCandidate;
   const int epochs = (pages.count + kTeamEpochPages - 1) / kTeamEpochPages;
