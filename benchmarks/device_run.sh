@@ -152,7 +152,8 @@ step_sanitize() {
       >"$OUT/sanitize_$tool.tmp" 2>&1
     one=$?
     { echo "===== $tool (exit $one) ====="; cat "$OUT/sanitize_$tool.tmp"; } >>"$OUT/sanitize.log"
-    grep -E "sanitize case|SUMMARY" "$OUT/sanitize_$tool.tmp" | head -20
+    grep -E "sanitize case" "$OUT/sanitize_$tool.tmp" | head -40
+    grep -E "SUMMARY" "$OUT/sanitize_$tool.tmp"
     [ "$one" -ne 0 ] && { echo "   first lines of the $tool report:"; grep -E "^=========" "$OUT/sanitize_$tool.tmp" | head -25; }
     rm -f "$OUT/sanitize_$tool.tmp"
     [ "$one" -eq 124 ] && echo "   $tool: timed out after ${SANITIZE_TIMEOUT:-150} s"
