@@ -12,7 +12,8 @@
 #   queries   benchmarks/bench_queries.py (N queries per row, 32 heads) -> $OUT/queries.{log,json}
 #   counters  benchmarks/kernel_counters.py, N = 1 then N = 2      -> $OUT/counters.log
 #   fuzz      benchmarks/fuzz.py ${FUZZ_ARGS:---device cuda --calls 10000}  -> $OUT/fuzz.log
-#   sharded   several GPUs: their tests, bench_sharded_jax and bench_torch_ranks -> $OUT/sharded_*
+#   sharded   several GPUs: their tests, bench_sharded_jax, bench_jax_processes (one process per GPU,
+#             jax.distributed) and bench_torch_ranks -> $OUT/sharded_*
 #   chain     the production chain side by side (.chain/run.sh ${CHAIN_ARGS:---mtp}; carry .chain,
 #             a copy of ../shared/chain)                          -> $OUT/chain.log
 #   prefill   benchmarks/bench_prefill.py, then the chain's prefill table if .chain is carried
@@ -23,7 +24,8 @@
 # carry). A failing step does not stop the next one; the exit code is non-zero if any failed.
 # Knobs (environment): BENCH_ARGS (extra bench_gpu.py options, e.g. "--workloads W1,W5"),
 # QUERIES_ARGS (extra bench_queries.py options), PREFILL_ARGS (extra bench_prefill.py options),
-# COUNTERS_WORKLOADS (default W1,W2,W3,W4,W5,W6),
+# COUNTERS_WORKLOADS (default W1,W2,W3,W4,W5,W6), JAX_PROCESSES (process counts of bench_jax_processes,
+# default 1,2) and JAX_PROCESSES_ARGS (its extra options),
 # PYTEST_ARGS (default "-q -x tests"), SANITIZE_TOOLS (default "memcheck racecheck synccheck initcheck"),
 # SANITIZE_TIMEOUT (seconds per tool, default 150), FFI_DSA_CACHE_DIR (default /tmp/ffi_dsa_cache).
 set -u
@@ -222,14 +224,16 @@ step_prefill() {
 }
 
 # Several GPUs (a multi-GPU kind): the tests that need 2 or more GPUs, then the data-parallel
-# tables of JAX (bench_sharded_jax, N = 1 and 2, and N = 1 with XLA's command buffers off) and of
-# torch with one process per GPU (bench_torch_ranks).
+# tables of JAX (bench_sharded_jax, N = 1 and 2, and N = 1 with XLA's command buffers off), of JAX
+# with one process per GPU under jax.distributed (bench_jax_processes, 1 and 2 processes, N = 1 and 2)
+# and of torch with one process per GPU (bench_torch_ranks).
 step_sharded() {
   local rc=0 gpus
   gpus=$(nvidia-smi -L | wc -l)
   echo "sharded: $gpus GPUs"
   set -o pipefail
-  python3 -m pytest -q -rs tests/test_sharded_jax.py tests/test_sharded_torch.py -k "gpu or rank" 2>&1 \
+  python3 -m pytest -q -rs tests/test_sharded_jax.py tests/test_sharded_torch.py tests/test_jax_processes.py \
+      -k "gpu or rank" 2>&1 \
       | tail -15 | tee "$OUT/sharded_tests.log" || rc=1
   python3 -m pytest -q -rs tests/test_cuda.py -k "two_gpus or second_gpu" 2>&1 | tail -5 | tee -a "$OUT/sharded_tests.log" \
       || rc=1
@@ -237,6 +241,10 @@ step_sharded() {
   for n in 1 2; do
     python3 -m ffi_dsa.integration.bench_sharded_jax --platform gpu --queries $n \
         ${SHARDED_JAX_ARGS:-} --json "$OUT/sharded_jax_n$n.json" 2>&1 | grep -v Warning || rc=1
+  done
+  for n in 1 2; do
+    python3 -m ffi_dsa.integration.bench_jax_processes --platform gpu --processes ${JAX_PROCESSES:-1,2} \
+        --queries $n ${JAX_PROCESSES_ARGS:-} --json "$OUT/sharded_jax_processes_n$n.json" 2>&1 || rc=1
   done
   XLA_FLAGS=--xla_gpu_enable_command_buffer= python3 -m ffi_dsa.integration.bench_sharded_jax --platform gpu \
       --split-batch 0 --timeline ${SHARDED_JAX_ARGS:-} --json "$OUT/sharded_jax_n1_no_command_buffers.json" 2>&1 \
