@@ -52,7 +52,8 @@ def initialize(process_id: int, num_processes: int, coordinator: str, platform: 
         raise ValueError(f"platform must be 'cpu' or 'gpu', got {platform!r}")
     if not 0 <= process_id < num_processes:
         raise ValueError(f"process_id must be in [0, {num_processes}), got {process_id}")
-    jax.config.update("jax_platforms", "cuda" if platform == "gpu" else "cpu")
+    # on GPUs the CPU backend stays too (the op registers its CPU target whatever the platform)
+    jax.config.update("jax_platforms", "cuda,cpu" if platform == "gpu" else "cpu")
     if platform == "cpu":  # collectives between CPU processes (barriers, a user's psum) need gloo
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
