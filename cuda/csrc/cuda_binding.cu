@@ -69,7 +69,7 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
   bool launched = false;
   sm90::ForEachQueryShape([&](auto heads, auto queries) {
     if (a.heads == heads() && a.queries == queries()) {
-      sm90::LaunchIndexer<heads(), queries()>(a, facts, tuning, stream, sorted_by_score);
+      sm90::LaunchIndexer<heads(), queries()>(a, facts, tuning, stream, sm90::CallOptions{sorted_by_score});
       launched = true;
     }
   });

@@ -1,61 +1,42 @@
 // SelectRowsKernel, the second kernel of the split path: the exact top-K of every query row (query
 // j of row b, b * N + j) from the rank keys ScorePagesKernel left in the workspace (L2-resident
-// right after it). One cluster of `cluster_size` CTAs per query row (sm90_cluster_topk.cuh); CTA r
-// of the cluster owns the r-th slice of the query's prefix of the row (whole pages).
-// A slice of up to `staged_capacity` keys is copied once into shared memory by one bulk copy
-// and every pass reads it there; longer slices (rows of more than 16 x 32K tokens) are walked
-// from L2 on every pass. Launched with programmatic stream serialization: its CTAs are placed
-// while ScorePagesKernel runs, read their inputs (lengths, page ids) and then wait for its keys.
-// Rows that need no scores (at most K tokens, position order) are written without keys; when no
-// row needs scores this kernel runs alone (no workspace). SelectSlice is FusedRowsKernel's select
-// too.
+// right after it). One cluster of `cluster_size` CTAs per query row. A row of at most
+// kRegSliceKeys tokens is selected by the cluster's first CTA alone (the others leave at once); a
+// longer one is split into whole-page slices, CTA r the r-th. Slices of up to kRegSliceKeys keys
+// are selected from registers (sm90_register_select.cuh); longer ones (a row longer than the
+// schedule planned for, sm90_schedule.h) by the general passes of sm90_cluster_topk.cuh, each slice
+// copied into shared memory by one bulk copy when it fits `staged_capacity`, else walked from L2 on
+// every pass. Launched with programmatic stream serialization: its CTAs are placed while
+// ScorePagesKernel runs, read their inputs (lengths, page ids) and then wait for its keys. Rows that
+// need no scores (at most K tokens, position order) are written without keys; when no row needs
+// scores this kernel runs alone (no workspace). FusedRowsKernel selects with RegisterSelectSlice.
 #pragma once
 #include <cstdint>
 
 #include "ffi_dsa/contract.h"
 #include "ffi_dsa/impls/sm90_cluster_topk.cuh"
 #include "ffi_dsa/impls/sm90_ptx.cuh"
+#include "ffi_dsa/impls/sm90_register_select.cuh"
 #include "ffi_dsa/impls/sm90_rows.cuh"
+#include "ffi_dsa/impls/sm90_select_params.cuh"
 #include "ffi_dsa/rank_key.h"
 #include "ffi_dsa/sm90_schedule.h"
 
 namespace ffi_dsa::sm90 {
 
-struct SelectParams {
-  const uint32_t* keys;  // [B * N, row_stride], written by ScorePagesKernel for t < the query's length
-  const int32_t* seq_lens;
-  const int32_t* block_table;
-  int32_t* topk_indices;
-  int64_t row_stride;
-  int64_t num_pages;  // page ids outside [0, num_pages) are invalid
-  int32_t max_pages;
-  int32_t topk;
-  QueryShape qs;
-  uint32_t staged_capacity;  // keys of shared memory behind SelectSmem (a multiple of 64)
-  bool sorted;
-  // No ScorePagesKernel in front and launched with programmatic stream serialization: the stream's
-  // previous kernel may still be writing seq_lens and the block table, so wait before any read.
-  bool wait_before_inputs;
-  // The stream's next kernel, if launched with programmatic stream serialization, may be placed
-  // before this grid completes (launch/tuning.h: programmatic_launch; false: it starts only after
-  // our completion). Never while a CTA still reads the workspace: once the call returns, that memory
-  // is the allocator's.
-  bool let_next_in;
-};
-
-// Keys one CTA selects alone; a longer row gets a cluster of ceil(n / kSliceKeys) CTAs. Not
-// smaller slices: every cluster phase waits for the slowest CTA and pays a DSMEM round trip, which
-// below ~8K keys per CTA costs more than the keys it splits (an 8K row is faster on one CTA than on
-// a cluster of 4 slices of 2K keys; a 64K row takes 8 CTAs, not 16 or 32).
-constexpr int kSliceKeys = 8192;
 // Up to kMaxSelectCluster CTAs per row (sm90_schedule.h).
 static_assert(kMaxSelectCluster <= kMaxClusterRanks, "the cluster exchanges");
+static_assert(offsetof(ClusterSelectStorage, sorting) == 0 && offsetof(RegisterSelectStorage, sorting) == 0,
+              "both selects' sorted winners land in one buffer of rank 0");
 // Keys one CTA stages in shared memory (128 KB): a 512K-token row over a cluster of 16.
 constexpr uint32_t kMaxStagedKeys = 32768;
 constexpr int kMaxStagedPages = kMaxStagedKeys / kPageTokens;
 
 struct SelectSmem {
-  ClusterSelectStorage select;
+  union {
+    ClusterSelectStorage select;  // the general passes
+    RegisterSelectStorage reg;    // the register select
+  };
   int32_t slice_pages[kMaxStagedPages];  // page ids of a staged slice: emitting a winner is a smem lookup
   uint64_t keys_landed;                  // mbarrier of the staging copy
 };
@@ -105,7 +86,9 @@ __device__ void WriteWholeRow(const SelectParams& p, int64_t query_row, int64_t 
   for (int64_t t = tid; t < n; t += kSelectThreads) {
     const int i = static_cast<int>(t / kPageTokens);
     const int32_t page = smem.slice_pages[i];
-    if (page >= 0) out[s.chunk_offsets[i] + t % kPageTokens] = page * kPageTokens + t % kPageTokens;
+    if (page >= 0) {
+      out[s.chunk_offsets[i] + t % kPageTokens] = p.positions ? static_cast<int32_t>(t) : page * kPageTokens + t % kPageTokens;
+    }
   }
 #pragma unroll 1
   for (uint32_t i = count + tid; i < static_cast<uint32_t>(p.topk); i += kSelectThreads) out[i] = -1;
@@ -248,7 +231,9 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
           const uint32_t before = s.chunk_offsets[(t + u) * kSelectWarps + warp];
           slot += greater_carry + equal_carry + (before >> 16) + (before & 0xFFFFu);
           if (wins[0] || wins[1] || wins[2] || wins[3]) {  // (pos is inside the slice: its page exists)
-            const int32_t first_id = p.sorted ? 0 : GlobalTokenId(pages, pos);  // the quad shares a page
+            // The quad shares a page.
+            const int32_t first_id =
+                p.sorted ? 0 : (p.positions ? static_cast<int32_t>(begin + pos) : GlobalTokenId(pages, pos));
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
               if (wins[i] && slot < topk) {
@@ -295,7 +280,7 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
             const uint32_t slot = wins ? greater + min(equal, th.ties) : greater + equal;
             if ((wins || (ties && equal < th.ties)) && slot < topk) {
               if (!p.sorted) {
-                out[slot] = GlobalTokenId(pages, pos + i);
+                out[slot] = p.positions ? static_cast<int32_t>(begin + pos + i) : GlobalTokenId(pages, pos + i);
               } else {
                 words[slot] = RankWord(key, static_cast<uint32_t>(begin + pos + i));
               }
@@ -324,7 +309,12 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
       const int32_t* row_table = p.block_table + row * p.max_pages;
 #pragma unroll 1
       for (uint32_t i = tid; i < topk; i += kSelectThreads) {
-        out[i] = i < selected ? GlobalTokenId(row_table, RankWordPosition(s.sorting.words[i])) : -1;
+        int32_t id = -1;
+        if (i < selected) {
+          const uint32_t t = RankWordPosition(s.sorting.words[i]);
+          id = p.positions ? static_cast<int32_t>(t) : GlobalTokenId(row_table, t);
+        }
+        out[i] = id;
       }
     }
   }
@@ -334,7 +324,6 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   extern __shared__ __align__(128) uint8_t select_smem_raw[];
   SelectSmem& smem = *reinterpret_cast<SelectSmem*>(select_smem_raw);
   uint32_t* staged_keys = reinterpret_cast<uint32_t*>(select_smem_raw + StagedKeysOffset());
-  auto& s = smem.select;
   const int cluster_size = static_cast<int>(cg::this_cluster().num_blocks());
   const int cluster_rank = static_cast<int>(cg::this_cluster().block_rank());
   const int64_t query_row = blockIdx.x / cluster_size;
@@ -363,13 +352,35 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
     WaitForPrecedingGrid();
     return;
   }
-  ResetClusterSelect(s);
-  const int64_t slice = SliceLength(n, cluster_size);
-  const int64_t begin = min(n, cluster_rank * slice);
+  // A row one CTA holds in registers is the first CTA's alone: no cluster barrier, no exchange.
+  const bool alone = n <= kRegSliceKeys;
+  if (alone && cluster_rank != 0) {
+    if (p.let_next_in) AllowDependentLaunch();  // this CTA reads no keys; its first CTA waits for kernel 1
+    return;
+  }
+  const int ctas = alone ? 1 : cluster_size, rank = alone ? 0 : cluster_rank;
+  const int64_t slice = SliceLength(n, ctas);
+  const int64_t begin = min(n, rank * slice);
   const uint32_t m = static_cast<uint32_t>(min(n, begin + slice) - begin);
-  const bool staged = m <= p.staged_capacity;
   const uint32_t* slice_keys = p.keys + query_row * p.row_stride + begin;
   const int32_t* table = p.block_table + row * p.max_pages + begin / kPageTokens;
+  if (slice <= kRegSliceKeys) {
+    static_assert(kRegSliceKeys <= kMaxStagedKeys, "a register slice's page ids fit slice_pages");
+    if (!p.positions) {
+#pragma unroll 1
+      for (uint32_t i = tid; i < (m + kPageTokens - 1) / kPageTokens; i += kSelectThreads) {
+        smem.slice_pages[i] = __ldcg(table + i);
+      }
+    }
+    __syncthreads();  // slice_pages
+    WaitForPrecedingGrid();  // ScorePagesKernel's keys
+    RegisterSelectSlice(p, smem.reg, query_row, row, n, begin, KeySpan{nullptr, slice_keys, m}, smem.slice_pages,
+                        /*workspace_keys=*/true, ctas, rank);
+    return;
+  }
+  auto& s = smem.select;
+  ResetClusterSelect(s);
+  const bool staged = m <= p.staged_capacity;
   if (staged) {
 #pragma unroll 1
     for (uint32_t i = tid; i < (m + kPageTokens - 1) / kPageTokens; i += kSelectThreads) smem.slice_pages[i] = __ldcg(table + i);
@@ -389,11 +400,9 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
     BulkLoad(staged_keys, slice_keys, bytes, &smem.keys_landed);
   }
   // This thread's share of the stats, read from L2 while the copy lands: the load latency hides
-  // behind it. A row of at most K tokens is only sorted: no stats, no extra pass over its keys.
+  // behind it.
   SliceStats thread_stats = EmptyStats();
-  if (ThresholdNeeded(n, p.topk)) {
-    ForEachKey(KeySpan{nullptr, slice_keys, m}, [&](uint32_t key) { AddKey(thread_stats, key); });
-  }
+  ForEachKey(KeySpan{nullptr, slice_keys, m}, [&](uint32_t key) { AddKey(thread_stats, key); });
   SelectSlice(p, smem, query_row, row, n, begin, KeySpan{staged ? staged_keys : nullptr, slice_keys, m}, thread_stats,
               staged ? smem.slice_pages : table, staged && m > 0 ? &smem.keys_landed : nullptr, cluster_size,
               cluster_rank);

@@ -66,7 +66,15 @@ bool FusedFits(const DeviceFacts& device, const Tuning& tuning, int64_t max_toke
          FusedSmemBytes<kHeads, kQueries>(static_cast<uint32_t>(max_tokens)) <= device.max_smem_optin;
 }
 
-inline SelectParams SelectParamsOf(const IndexerArgs& a, bool sorted_by_score, bool let_next_in) {
+// What a call asks beyond its tensors: the output order, the ids' kind, and optionally a bound on
+// the batch's longest row (the caller's max_seq_len; <= 0: unknown, the block table's width).
+struct CallOptions {
+  bool sorted_by_score = false;
+  bool positions = false;
+  int64_t max_seq_len = 0;
+};
+
+inline SelectParams SelectParamsOf(const IndexerArgs& a, const CallOptions& o, bool let_next_in) {
   SelectParams sel{};
   sel.seq_lens = a.seq_lens;
   sel.block_table = a.block_table;
@@ -76,7 +84,8 @@ inline SelectParams SelectParamsOf(const IndexerArgs& a, bool sorted_by_score, b
   sel.max_pages = static_cast<int32_t>(a.max_pages);
   sel.topk = static_cast<int32_t>(a.topk);
   sel.qs = QueryShape{a.queries, a.per_query_lens};
-  sel.sorted = sorted_by_score;
+  sel.sorted = o.sorted_by_score;
+  sel.positions = o.positions;
   sel.let_next_in = let_next_in;
   return sel;
 }
@@ -120,17 +129,22 @@ void LaunchScorePages(const IndexerArgs& a, const Schedule& plan, uint32_t* keys
 // Picks the schedule from shapes and launches it on `stream`.
 template <int kHeads, int kQueries>
 void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning& tuning, cudaStream_t stream,
-                   bool sorted_by_score) {
+                   const CallOptions& o) {
+  const bool sorted_by_score = o.sorted_by_score;
   const int64_t row_stride = a.max_pages * kPageTokens;
   const int64_t max_tokens = std::max<int64_t>(1, a.max_pages) * kPageTokens;
+  // The longest row the select plans for: a hint only lowers it (rows beyond it stay correct).
+  const int64_t planned_tokens =
+      o.max_seq_len > 0 ? std::min(max_tokens, (o.max_seq_len + kPageTokens - 1) / kPageTokens * kPageTokens)
+                        : max_tokens;
   const ClusterOccupancy clusters = CapClusters(device.select_clusters, tuning.max_select_cluster);
-  const Schedule plan = PlanSchedule(a.batch, a.queries, a.max_pages, device.sm_count, kSliceKeys, clusters,
-                                     FusedFits<kHeads, kQueries>(device, tuning, max_tokens));
+  const Schedule plan = PlanSchedule(a.batch, a.queries, a.max_pages, planned_tokens, device.sm_count, kRegSliceKeys,
+                                     clusters, FusedFits<kHeads, kQueries>(device, tuning, max_tokens));
   // Scores are needed unless no row has a token, or no query can be longer than K with the output
   // by position (sm90_rows.cuh: ScoresNeeded): then SelectRowsKernel alone, no workspace.
   const bool score = a.max_pages > 0 && ScoresNeeded(row_stride, static_cast<int32_t>(a.topk), sorted_by_score);
   const bool pdl = tuning.programmatic_launch;
-  SelectParams sel = SelectParamsOf(a, sorted_by_score, pdl);
+  SelectParams sel = SelectParamsOf(a, o, pdl);
   if (score && plan.fused) {
     LaunchFused<kHeads, kQueries>(a, sel, max_tokens, stream, pdl);
     return;
@@ -140,9 +154,11 @@ void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning
   uint32_t* keys = reinterpret_cast<uint32_t*>(workspace.data());
   if (score) LaunchScorePages<kHeads, kQueries>(a, plan, keys, sorted_by_score, stream, pdl);
   sel.keys = keys;
-  // Shared memory for the longest slice the table allows (slices of longer rows read L2).
-  sel.staged_capacity =
-      static_cast<uint32_t>(std::min<int64_t>(kMaxStagedKeys, SliceLength(max_tokens, plan.cluster_size)));
+  // Shared memory to stage the slices registers cannot hold: none when every planned row fits them
+  // (a longer row, beyond the caller's bound, reads its slices from L2).
+  sel.staged_capacity = SliceLength(planned_tokens, plan.cluster_size) <= kRegSliceKeys
+                            ? 0u
+                            : static_cast<uint32_t>(std::min<int64_t>(kMaxStagedKeys, SliceLength(max_tokens, plan.cluster_size)));
   // One cluster per query row. Behind ScorePagesKernel the select CTAs are placed while it still
   // runs and read seq_lens and the block table at once (ScorePagesKernel lets them launch only after
   // its own wait for the stream's previous kernel), then wait for its keys. As the call's first
