@@ -3,14 +3,12 @@
 Scores here are exact in any accumulation order: q and k are 1 in one dimension and 0 elsewhere,
 every weight is 1, so a token's score is 64 x its scale (its key's only product), and the scales
 carry at most 11 significant bits. So each selection is checked byte for byte against the float64
-reference, on one CTA (rows of up to 16K tokens) and on clusters (longer rows), against every
-select-cluster cap (a cap of 1 sends rows longer than 16K tokens through the general passes), and
-in both orders. The distributions reach:
-- a threshold bin of a few keys, ranked by all pairs;
-- a band of 1800 near-equal keys around the K-th key: the gathered list is narrowed;
-- a quarter of the row in that band: more than a list holds, narrowed in registers;
-- scores beyond FP16's range, and below its smallest step: the first bins cannot tell the keys apart
-  (one crowded bin), which is narrowed in registers, level after level;
+reference, on one CTA and on clusters (rows longer than one CTA's slice), against every
+select-cluster cap, and in both orders. The distributions reach (sm90_cluster_topk.cuh):
+- a K-th value bucket of a few keys, ranked by all pairs;
+- a band of 1800 near-equal keys around the K-th key: a gathered bucket too long for all pairs;
+- a quarter of the row in that band: a bucket too full to gather (the radix search);
+- scores beyond FP16's range and below its smallest step (no format-bound bins may be assumed);
 - thousands of copies of the K-th key, more than K takes: ties by position across CTAs;
 - NaN scores among the winners' last places.
 """

@@ -26,9 +26,8 @@ struct Schedule {
 constexpr double kFusedMinSmShare = 0.7;
 
 // Up to 16 CTAs per select cluster (sm_90's non-portable maximum): a 128K row on 16 x 8K-key
-// slices. A power of two, as every cluster size is.
+// slices.
 constexpr int kMaxSelectCluster = 16;
-static_assert((kMaxSelectCluster & (kMaxSelectCluster - 1)) == 0, "cluster sizes are powers of two");
 
 // Select clusters of c CTAs the device holds at once, for c = 1..kMaxSelectCluster (from the
 // driver's occupancy query; 0 where c does not fit).
@@ -36,18 +35,13 @@ struct ClusterOccupancy {
   int32_t active[kMaxSelectCluster + 1];
 };
 
-// SelectRowsKernel selects a row of at most `slice_keys` tokens (sm90_register_select.cuh:
-// kRegSliceKeys) on one CTA, from registers; a longer row on a cluster of CTAs, one slice of at most
-// `slice_keys` keys each, their histograms summed through distributed shared memory. The cluster
-// size is a power of two (the histogram exchange pairs a bin's ranks on adjacent lanes), the
-// smallest whose slices hold the longest row the call plans for, `planned_tokens` (the block
-// table's width, or the caller's bound on the batch's longest row); a row planned for that way
-// never takes the general passes (longer ones do: slower, never wrong). Then, if the device holds
-// every query row's cluster at twice that size at once, twice that size: slices of half the keys
-// shorten every step of the select, and an exchange costs about the same at any size. A size the
-// device cannot place at all is halved. Examples on 132 SMs: 8 rows of 64K tokens take clusters of
-// 8 (8K keys per CTA); 64 rows of up to 32K clusters of 2 (rows of at most 16K use the first CTA
-// only); one row of 8K, or 16 of 4K, one CTA each.
+// SelectRowsKernel gives a row one CTA up to slice_keys keys (sm90_select_rows.cuh: kSliceKeys), and
+// a cluster of more CTAs beyond: cluster barriers and DSMEM reads add latency, so a cluster pays
+// only for rows too long for one SM. Rows longer than the largest cluster's slices give each CTA a
+// longer slice. The clusters are sized for `planned_tokens`, the longest row the call plans for:
+// the block table's width, or the caller's bound on the batch's longest row (a serving engine's
+// table is far wider than its rows). A row longer than planned still gets its exact top-K, from
+// longer slices; a row of at most slice_keys tokens is a cluster's first CTA's alone.
 // `fused_fits`: the fused path is enabled (launch/tuning.h) and a CTA's shared memory holds the row's
 // N queries and N x the table's width of keys.
 inline Schedule PlanSchedule(int64_t batch, int64_t queries, int64_t max_pages, int64_t planned_tokens, int num_sms,
@@ -55,11 +49,15 @@ inline Schedule PlanSchedule(int64_t batch, int64_t queries, int64_t max_pages, 
   Schedule s;
   s.score_ctas = static_cast<int32_t>(std::clamp<int64_t>(batch * std::max<int64_t>(1, max_pages), 1,
                                                           std::max(1, num_sms)));
+  int cluster =
+      static_cast<int>(std::clamp<int64_t>((planned_tokens + slice_keys - 1) / slice_keys, 1, kMaxSelectCluster));
+  // At most one wave (a second wave of clusters costs more than longer slices per CTA): the
+  // largest cluster of which every query row's cluster is resident at once. A GPC holds whole
+  // clusters, so that is not SMs / cluster size; a size that does not fit at all has 0. Example:
+  // B = 8 rows of 64K tokens with N = 2 is 16 query rows that want 8 CTAs each; on a device that
+  // holds 15 clusters of 8 or of 7 at once but 17 of 6 (an H100 SXM), each gets 6 CTAs of ~10.9K keys.
   const int64_t rows = batch * std::max<int64_t>(1, queries);
-  int cluster = 1;
-  while (cluster < kMaxSelectCluster && cluster * slice_keys < planned_tokens) cluster *= 2;
-  if (cluster > 1 && cluster < kMaxSelectCluster && occupancy.active[2 * cluster] >= rows) cluster *= 2;
-  while (cluster > 1 && occupancy.active[cluster] == 0) cluster /= 2;
+  while (cluster > 1 && occupancy.active[cluster] < rows) --cluster;
   s.cluster_size = cluster;
   s.fused = fused_fits && static_cast<double>(batch) >= kFusedMinSmShare * num_sms;
   return s;

@@ -1,7 +1,7 @@
 // FusedRowsKernel, the fused path for big batches of short rows (B >= kFusedMinSmShare x SMs, and
 // N x the table's width <= kFusedMaxRowKeys keys, which fit the CTA's shared memory: the
 // large-batch decode step): one CTA per row scores the whole row straight into shared memory and
-// selects it from there (sm90_register_select.cuh). Against the split path
+// selects it from there (sm90_select_rows.cuh: SelectSlice). Against the split path
 // (ScorePagesKernel scores everything into a workspace, then SelectRowsKernel selects) it saves a
 // launch, the workspace round trip through L2, and the wait for the whole scoring grid before any
 // select starts: a CTA whose row is done selects while the others still stream. With this many
@@ -49,7 +49,6 @@ static_assert(kFusedThreads == kMathWarpgroups * kWarpgroupThreads, "every threa
 constexpr int kFusedStages = 2 * kMathWarpgroups;
 // Most keys a CTA scores and stages, over its row's N queries (64 KB).
 constexpr uint32_t kFusedMaxRowKeys = 16384;
-static_assert(kFusedMaxRowKeys <= kRegSliceKeys, "a fused row is selected from registers");
 static_assert(kFusedMaxRowKeys / kPageTokens <= kMaxStagedPages, "the row's page ids in SelectSmem");
 // Head weights held in registers (RowWeights): 512 threads may use 128 registers each.
 constexpr int kFusedHeldWeights = 128;
@@ -227,9 +226,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     if (!((scored >> j) & 1)) continue;
     if (!first_select) __syncthreads();  // the previous select's reads of the shared state are done
     first_select = false;
+    ResetClusterSelect(smem.select.select);
     const KeySpan keys{row_keys + j * fp.key_stride, nullptr, static_cast<uint32_t>(length[j])};
-    RegisterSelectSlice(p, smem.select.reg, row * queries + j, row, length[j], /*begin=*/0, keys, row_pages,
-                        /*workspace_keys=*/false, /*cluster_size=*/1, /*cluster_rank=*/0);
+    // This thread's share of the query's stats: one pass over its keys in shared memory (cheaper
+    // than a summary kept per key in the issue-bound page loop).
+    SliceStats query_stats = EmptyStats();
+    if (ThresholdNeeded(length[j], p.topk)) ForEachKey(keys, [&](uint32_t key) { AddKey(query_stats, key); });
+    SelectSlice(p, smem.select, row * queries + j, row, length[j], /*begin=*/0, keys, query_stats, row_pages,
+                /*landed=*/nullptr, /*cluster_size=*/1, /*cluster_rank=*/0);
   }
   WriteUnscoredQueries(p, row, length, smem.select);
 }

@@ -1,22 +1,21 @@
 // SelectRowsKernel, the second kernel of the split path: the exact top-K of every query row (query
 // j of row b, b * N + j) from the rank keys ScorePagesKernel left in the workspace (L2-resident
-// right after it). One cluster of `cluster_size` CTAs per query row. A row of at most
-// kRegSliceKeys tokens is selected by the cluster's first CTA alone (the others leave at once); a
-// longer one is split into whole-page slices, CTA r the r-th. Slices of up to kRegSliceKeys keys
-// are selected from registers (sm90_register_select.cuh); longer ones (a row longer than the
-// schedule planned for, sm90_schedule.h) by the general passes of sm90_cluster_topk.cuh, each slice
-// copied into shared memory by one bulk copy when it fits `staged_capacity`, else walked from L2 on
-// every pass. Launched with programmatic stream serialization: its CTAs are placed while
-// ScorePagesKernel runs, read their inputs (lengths, page ids) and then wait for its keys. Rows that
-// need no scores (at most K tokens, position order) are written without keys; when no row needs
-// scores this kernel runs alone (no workspace). FusedRowsKernel selects with RegisterSelectSlice.
+// right after it). One cluster of `cluster_size` CTAs per query row (sm90_cluster_topk.cuh); CTA r
+// of the cluster owns the r-th slice of the query's prefix of the row (whole pages).
+// A slice of up to `staged_capacity` keys is copied once into shared memory by one bulk copy
+// and every pass reads it there; longer slices (rows of more than 16 x 32K tokens) are walked
+// from L2 on every pass. Launched with programmatic stream serialization: its CTAs are placed
+// while ScorePagesKernel runs, read their inputs (lengths, page ids) and then wait for its keys.
+// Rows that need no scores (at most K tokens, position order) are written without keys; when no
+// row needs scores this kernel runs alone (no workspace). A row of at most kSliceKeys tokens is the
+// cluster's first CTA's alone (the others leave at once), so a cluster sized for the block table's
+// width costs short rows no cluster work. SelectSlice is FusedRowsKernel's select too.
 #pragma once
 #include <cstdint>
 
 #include "ffi_dsa/contract.h"
 #include "ffi_dsa/impls/sm90_cluster_topk.cuh"
 #include "ffi_dsa/impls/sm90_ptx.cuh"
-#include "ffi_dsa/impls/sm90_register_select.cuh"
 #include "ffi_dsa/impls/sm90_rows.cuh"
 #include "ffi_dsa/impls/sm90_select_params.cuh"
 #include "ffi_dsa/rank_key.h"
@@ -24,19 +23,19 @@
 
 namespace ffi_dsa::sm90 {
 
+// Keys one CTA selects alone; a longer row gets a cluster of ceil(n / kSliceKeys) CTAs. Not
+// smaller slices: every cluster phase waits for the slowest CTA and pays a DSMEM round trip, which
+// below ~8K keys per CTA costs more than the keys it splits (an 8K row is faster on one CTA than on
+// a cluster of 4 slices of 2K keys; a 64K row takes 8 CTAs, not 16 or 32).
+constexpr int kSliceKeys = 8192;
 // Up to kMaxSelectCluster CTAs per row (sm90_schedule.h).
 static_assert(kMaxSelectCluster <= kMaxClusterRanks, "the cluster exchanges");
-static_assert(offsetof(ClusterSelectStorage, sorting) == 0 && offsetof(RegisterSelectStorage, sorting) == 0,
-              "both selects' sorted winners land in one buffer of rank 0");
 // Keys one CTA stages in shared memory (128 KB): a 512K-token row over a cluster of 16.
 constexpr uint32_t kMaxStagedKeys = 32768;
 constexpr int kMaxStagedPages = kMaxStagedKeys / kPageTokens;
 
 struct SelectSmem {
-  union {
-    ClusterSelectStorage select;  // the general passes
-    RegisterSelectStorage reg;    // the register select
-  };
+  ClusterSelectStorage select;
   int32_t slice_pages[kMaxStagedPages];  // page ids of a staged slice: emitting a winner is a smem lookup
   uint64_t keys_landed;                  // mbarrier of the staging copy
 };
@@ -324,6 +323,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   extern __shared__ __align__(128) uint8_t select_smem_raw[];
   SelectSmem& smem = *reinterpret_cast<SelectSmem*>(select_smem_raw);
   uint32_t* staged_keys = reinterpret_cast<uint32_t*>(select_smem_raw + StagedKeysOffset());
+  auto& s = smem.select;
   const int cluster_size = static_cast<int>(cg::this_cluster().num_blocks());
   const int cluster_rank = static_cast<int>(cg::this_cluster().block_rank());
   const int64_t query_row = blockIdx.x / cluster_size;
@@ -352,35 +352,20 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
     WaitForPrecedingGrid();
     return;
   }
-  // A row one CTA holds in registers is the first CTA's alone: no cluster barrier, no exchange.
-  const bool alone = n <= kRegSliceKeys;
+  // A row one CTA selects best alone is the first CTA's, whatever the cluster size.
+  const bool alone = n <= kSliceKeys;
   if (alone && cluster_rank != 0) {
-    if (p.let_next_in) AllowDependentLaunch();  // this CTA reads no keys; its first CTA waits for kernel 1
+    if (p.let_next_in) AllowDependentLaunch();  // reads no keys; the first CTA waits for ScorePagesKernel
     return;
   }
   const int ctas = alone ? 1 : cluster_size, rank = alone ? 0 : cluster_rank;
+  ResetClusterSelect(s);
   const int64_t slice = SliceLength(n, ctas);
   const int64_t begin = min(n, rank * slice);
   const uint32_t m = static_cast<uint32_t>(min(n, begin + slice) - begin);
+  const bool staged = m <= p.staged_capacity;
   const uint32_t* slice_keys = p.keys + query_row * p.row_stride + begin;
   const int32_t* table = p.block_table + row * p.max_pages + begin / kPageTokens;
-  if (slice <= kRegSliceKeys) {
-    static_assert(kRegSliceKeys <= kMaxStagedKeys, "a register slice's page ids fit slice_pages");
-    if (!p.positions) {
-#pragma unroll 1
-      for (uint32_t i = tid; i < (m + kPageTokens - 1) / kPageTokens; i += kSelectThreads) {
-        smem.slice_pages[i] = __ldcg(table + i);
-      }
-    }
-    __syncthreads();  // slice_pages
-    WaitForPrecedingGrid();  // ScorePagesKernel's keys
-    RegisterSelectSlice(p, smem.reg, query_row, row, n, begin, KeySpan{nullptr, slice_keys, m}, smem.slice_pages,
-                        /*workspace_keys=*/true, ctas, rank);
-    return;
-  }
-  auto& s = smem.select;
-  ResetClusterSelect(s);
-  const bool staged = m <= p.staged_capacity;
   if (staged) {
 #pragma unroll 1
     for (uint32_t i = tid; i < (m + kPageTokens - 1) / kPageTokens; i += kSelectThreads) smem.slice_pages[i] = __ldcg(table + i);
@@ -400,12 +385,13 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
     BulkLoad(staged_keys, slice_keys, bytes, &smem.keys_landed);
   }
   // This thread's share of the stats, read from L2 while the copy lands: the load latency hides
-  // behind it.
+  // behind it. A row of at most K tokens is only sorted: no stats, no extra pass over its keys.
   SliceStats thread_stats = EmptyStats();
-  ForEachKey(KeySpan{nullptr, slice_keys, m}, [&](uint32_t key) { AddKey(thread_stats, key); });
+  if (ThresholdNeeded(n, p.topk)) {
+    ForEachKey(KeySpan{nullptr, slice_keys, m}, [&](uint32_t key) { AddKey(thread_stats, key); });
+  }
   SelectSlice(p, smem, query_row, row, n, begin, KeySpan{staged ? staged_keys : nullptr, slice_keys, m}, thread_stats,
-              staged ? smem.slice_pages : table, staged && m > 0 ? &smem.keys_landed : nullptr, cluster_size,
-              cluster_rank);
+              staged ? smem.slice_pages : table, staged && m > 0 ? &smem.keys_landed : nullptr, ctas, rank);
 }
 
 }  // namespace ffi_dsa::sm90

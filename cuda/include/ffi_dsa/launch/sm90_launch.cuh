@@ -138,7 +138,7 @@ void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning
       o.max_seq_len > 0 ? std::min(max_tokens, (o.max_seq_len + kPageTokens - 1) / kPageTokens * kPageTokens)
                         : max_tokens;
   const ClusterOccupancy clusters = CapClusters(device.select_clusters, tuning.max_select_cluster);
-  const Schedule plan = PlanSchedule(a.batch, a.queries, a.max_pages, planned_tokens, device.sm_count, kRegSliceKeys,
+  const Schedule plan = PlanSchedule(a.batch, a.queries, a.max_pages, planned_tokens, device.sm_count, kSliceKeys,
                                      clusters, FusedFits<kHeads, kQueries>(device, tuning, max_tokens));
   // Scores are needed unless no row has a token, or no query can be longer than K with the output
   // by position (sm90_rows.cuh: ScoresNeeded): then SelectRowsKernel alone, no workspace.
@@ -154,11 +154,10 @@ void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning
   uint32_t* keys = reinterpret_cast<uint32_t*>(workspace.data());
   if (score) LaunchScorePages<kHeads, kQueries>(a, plan, keys, sorted_by_score, stream, pdl);
   sel.keys = keys;
-  // Shared memory to stage the slices registers cannot hold: none when every planned row fits them
-  // (a longer row, beyond the caller's bound, reads its slices from L2).
-  sel.staged_capacity = SliceLength(planned_tokens, plan.cluster_size) <= kRegSliceKeys
-                            ? 0u
-                            : static_cast<uint32_t>(std::min<int64_t>(kMaxStagedKeys, SliceLength(max_tokens, plan.cluster_size)));
+  // Shared memory for the longest slice the plan gives a CTA, and at least for a row selected alone
+  // (slices of longer rows, beyond the caller's bound, read L2).
+  sel.staged_capacity = static_cast<uint32_t>(std::min<int64_t>(
+      kMaxStagedKeys, std::max(SliceLength(planned_tokens, plan.cluster_size), std::min<int64_t>(max_tokens, kSliceKeys))));
   // One cluster per query row. Behind ScorePagesKernel the select CTAs are placed while it still
   // runs and read seq_lens and the block table at once (ScorePagesKernel lets them launch only after
   // its own wait for the stream's previous kernel), then wait for its keys. As the call's first
