@@ -43,13 +43,10 @@ from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import torch  # noqa: E402
 
 import ffi_dsa  # noqa: E402
-from ffi_dsa.benchmarks.gpu_batches import TorchBatch, make_batch_torch, remap_ids  # noqa: E402
+from gpu_batches import TorchBatch, make_batch_torch, remap_ids  # noqa: E402
 from ffi_dsa.contract import DEFAULT_TOPK as TOPK  # noqa: E402
 from ffi_dsa.contract import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_TOKENS, TOKEN_BYTES  # noqa: E402
 from ffi_dsa.workloads import MODEL_TABLE_PAGES  # noqa: E402
@@ -445,7 +442,7 @@ def run_workload(name: str, spec: dict, a, clock: Clock, bandwidth: float, chain
         if need > 0.5 * free:
             r["naive_note"] = f"skipped: needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
         else:
-            from ffi_dsa.benchmarks.naive_torch import naive_topk_indexer
+            from naive_torch import naive_topk_indexer
 
             solo, _ = set0.compact(range(rot.batch))
             args = solo.args()

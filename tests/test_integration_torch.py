@@ -14,10 +14,10 @@ import torch._dynamo.utils as dynamo_utils
 
 import ffi_dsa
 from ffi_dsa.contract import MAX_QUERIES, NUM_HEADS, NUM_HEADS_NARROW
-from ffi_dsa.integration import torch_op
+from ffi_dsa import torch_ops
 from ffi_dsa.workloads import make_batch
 
-from conftest import SENTINEL, assert_exact, assert_same_as_call, call_result
+from conftest import SENTINEL, assert_exact, assert_same_as_call, call_result, load_script
 from mtp_batches import FORMS, Form, mtp_batch, query_rows_shape
 from mtp_batches import LENS as MTP_LENS
 
@@ -40,7 +40,7 @@ def assert_same(got, batch, topk=K, sorted=False):
 
 
 def test_import_ffi_dsa_registers_the_ops():
-    assert torch.ops.dsa.topk_indexer.default is torch_op.topk_indexer_op
+    assert torch.ops.dsa.topk_indexer.default is torch_ops.topk_indexer
     assert "Tensor(a!) topk_indices" in str(torch.ops.dsa.topk_indexer_out.default._schema)
 
 
@@ -217,17 +217,17 @@ def test_all_callers_agree_byte_for_byte():
     try:
         import jax.numpy as jnp
 
-        from ffi_dsa.integration import jax_ffi
+        from ffi_dsa import jax_ops
     except ImportError:
         pass
     else:
         jargs = [jnp.asarray(batch.q).view(jnp.float8_e4m3fn), *map(jnp.asarray, batch.args()[1:])]
-        results["jax"] = np.asarray(jax_ffi.topk_indexer(*jargs, topk=K))
+        results["jax"] = np.asarray(jax_ops.topk_indexer(*jargs, topk=K))
     try:
         import ml_dtypes
         import tvm
 
-        from ffi_dsa.integration import tvm_relax
+        from ffi_dsa import tvm_relax
     except ImportError:
         pass
     else:
@@ -241,7 +241,7 @@ def test_all_callers_agree_byte_for_byte():
 
 
 def test_example_decode_runs(device, capsys):
-    from ffi_dsa.integration import example_torch_decode
+    example_torch_decode = load_script("integration/example_torch_decode.py")
 
     torch._dynamo.reset()
     rc = example_torch_decode.main(["--device", device, "--backend", "aot_eager", "--steps", "2",
@@ -388,14 +388,14 @@ def _jax_results(batch, topk, sorted_, device):
         import jax
         import jax.numpy as jnp
 
-        from ffi_dsa.integration import jax_ffi
+        from ffi_dsa import jax_ops
         target = jax.devices("cpu" if device == "cpu" else "gpu")[0]
     except (ImportError, RuntimeError):
         return {}
     q, k, w, s, bt = [jax.device_put(a, target) for a in
                       (jnp.asarray(batch.q).view(jnp.float8_e4m3fn), *map(jnp.asarray, batch.args()[1:]))]
-    jitted = jax.jit(jax_ffi.topk_indexer, static_argnames=("topk", "sorted"))
-    vmapped = jax.jit(jax.vmap(lambda q_, w_, s_, t_: jax_ffi.topk_indexer(q_, k, w_, s_, t_, topk=topk,
+    jitted = jax.jit(jax_ops.topk_indexer, static_argnames=("topk", "sorted"))
+    vmapped = jax.jit(jax.vmap(lambda q_, w_, s_, t_: jax_ops.topk_indexer(q_, k, w_, s_, t_, topk=topk,
                                                                           sorted=sorted_)))
     pair = vmapped(*(jnp.stack([x, x]) for x in (q, w, s, bt)))
     return {"jax.jit": np.asarray(jitted(q, k, w, s, bt, topk=topk, sorted=sorted_)),
@@ -408,7 +408,7 @@ def _tvm_results(batch, topk, sorted_, device):
         import ml_dtypes
         import tvm
 
-        from ffi_dsa.integration import tvm_relax
+        from ffi_dsa import tvm_relax
     except ImportError:
         return {}
     if device == "cuda" and not (tvm.runtime.enabled("cuda") and tvm.cuda(0).exist):

@@ -1,7 +1,7 @@
 """Timing: data-parallel decode steps with JAX on 1, 2, 4... devices, per call end to end and on the device.
 
-    python -m ffi_dsa.integration.bench_sharded_jax --platform gpu --devices 1,2,4
-    XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m ffi_dsa.integration.bench_sharded_jax \\
+    python benchmarks/bench_sharded_jax.py --platform gpu --devices 1,2,4
+    XLA_FLAGS=--xla_force_host_platform_device_count=2 python benchmarks/bench_sharded_jax.py \\
         --platform cpu --devices 1,2 --rows 2 --context 512 --layers 2 --split-batch 4
 
 The step is what a model's decode step does with the indexer: ``--layers`` calls in one jitted
@@ -37,7 +37,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ffi_dsa.contract import DEFAULT_TOPK, PAGE_BYTES, PAGE_TOKENS
-from ffi_dsa.integration.jax_ffi import topk_indexer
+from ffi_dsa.jax_ops import topk_indexer
 from ffi_dsa.workloads import make_batch
 
 OP_KERNELS = "ffi_dsa::"
