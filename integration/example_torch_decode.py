@@ -21,13 +21,12 @@ import torch
 from torch import nn
 
 import ffi_dsa
-
-from ffi_dsa.contract import HEAD_DIM as DIM  # noqa: E402
-from ffi_dsa.contract import NUM_HEADS as HEADS  # noqa: E402
-from ffi_dsa.contract import DEFAULT_TOPK  # noqa: E402
-from ffi_dsa.contract import PAGE_TOKENS as PAGE  # noqa: E402
 import ffi_dsa.torch_ops  # noqa: F401  (registers torch.ops.dsa.*)
-from ffi_dsa.kv_cache import FP8_MAX  # noqa: E402
+from ffi_dsa.contract import DEFAULT_TOPK
+from ffi_dsa.contract import HEAD_DIM as DIM
+from ffi_dsa.contract import NUM_HEADS as HEADS
+from ffi_dsa.contract import PAGE_TOKENS as PAGE
+from ffi_dsa.kv_cache import FP8_MAX
 
 
 def quantize_fp8(x: torch.Tensor):

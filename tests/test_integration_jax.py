@@ -22,7 +22,7 @@ from ffi_dsa.contract import MAX_QUERIES, NUM_HEADS, NUM_HEADS_NARROW  # noqa: E
 from ffi_dsa import decode, jax_ops  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
 
-from conftest import assert_exact, assert_same_as_call, call_result  # noqa: E402
+from conftest import assert_exact, assert_same_as_call, call_result, load_script  # noqa: E402
 from mtp_batches import FORMS, Form, mtp_batch  # noqa: E402
 
 
@@ -262,3 +262,12 @@ def test_mtp_errors_raise_before_xla(platform, index, edit, match):
     args[index] = edit(args[index])
     with pytest.raises(ValueError, match=match):
         jitted(*args, topk=K)
+
+
+def test_example_decode_runs(platform, capsys):
+    """integration/example_jax_decode.py: the indexer inside a jitted step, every step checked."""
+    example_jax_decode = load_script("integration/example_jax_decode.py")
+    rc = example_jax_decode.main(["--platform", platform, "--steps", "2", "--batch", "3", "--context", "200",
+                                  "--topk", "64"])
+    assert rc == 0, capsys.readouterr().out
+    assert capsys.readouterr().out.count("rows ok: True") == 2
