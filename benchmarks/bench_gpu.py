@@ -55,8 +55,8 @@ MB = 1 << 20
 # The production chain measured on an H100 by the peer study, 2026-11-22: DeepGEMM 2.6.1
 # fp8_paged_mqa_logits (+ get_paged_mqa_logits_metadata) then FlashInfer 0.7.2
 # top_k_page_table_transform; CUDA-graph replay, inputs rotated over 256 MB, median us per call;
-# copy bandwidth 2.97-3.01 TB/s. Source: /work/shared/NOTES.md, "The production chain measured on
-# an H100 (2026-11-22)". These are reference values, not measured by this script.
+# copy bandwidth 2.97-3.01 TB/s (the project's shared notes, "The production chain measured on an
+# H100 (2026-11-22)"; docs/performance.md). These are reference values, not measured by this script.
 PEER_H100_2026_11_22 = {
     "W1": {"floor": 0.37, "deepgemm_logits": 4.0, "flashinfer_topk": 9.3, "chain_graph": 13.3, "chain_eager": 38.9, "naive": 101},
     "W2": {"floor": 5.76, "deepgemm_logits": 9.9, "flashinfer_topk": 17.0, "chain_graph": 27.3, "chain_eager": 88.6, "naive": 341},

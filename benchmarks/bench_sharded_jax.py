@@ -217,7 +217,9 @@ def main(argv=None) -> int:
     counts = [n for n in (int(c) for c in args.devices.split(",")) if n <= len(available)]
     print(f"{available[0].device_kind} x {len(available)}; {args.context} tokens per row, N = {args.queries}, "
           f"K = {args.topk}, {args.layers} calls per step, per call:")
-    report = {"card": available[0].device_kind, "args": vars(args), "data_parallel": [], "split": []}
+    # the options that shape the measurement; not where this machine writes its output
+    options = {k: v for k, v in vars(args).items() if k != "json"}
+    report = {"card": available[0].device_kind, "args": options, "data_parallel": [], "split": []}
     print(f"data parallel, {args.rows} rows per device\n{HEADER}")
     for n in counts:
         r = measure(available[:n], args.rows, args)

@@ -339,7 +339,8 @@ def main(argv=None) -> int:
     if a.json:
         a.json.write_text(json.dumps({
             "card": first["card"], "device": a.device, "gpus_visible": available, "skipped_world_sizes": skipped,
-            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+            # the options that shape the measurement; not where this machine wrote its output
+            "config": {k: v for k, v in vars(a).items() if k != "json"},
             "scaling": scaling, "fixed": fixed, "ranks": {str(w): r for w, r in raw.items()}}, indent=1))
     return 0
 
