@@ -5,7 +5,7 @@
 #                                                                                             (default: all)
 #
 #   build     import ffi_dsa, force the CUDA module build, print ptxas resource usage (-Xptxas -v)
-#             of each cuda/csrc/sm_90a/ translation unit
+#             of each arch's translation units (cuda/csrc/sm_*/)
 #   test      python3 -m pytest -q -x tests                      -> $OUT/pytest.log
 #   sanitize  compute-sanitizer memcheck / racecheck / synccheck over benchmarks/sanitize_cases.py
 #                                                                -> $OUT/sanitize.log
@@ -49,7 +49,6 @@ mkdir -p "$OUT" "$FFI_DSA_CACHE_DIR"
 
 python3 -c "import tvm_ffi" 2>/dev/null || { echo "device_run: tvm_ffi is not importable; carry its wheel in .whl/"; exit 1; }
 
-GENCODE="-gencode=arch=compute_90a,code=sm_90a"
 FAILED=()
 SUMMARY=()
 
@@ -93,13 +92,15 @@ step_build() {
   local tvm_inc dl_inc rc src pids=()
   tvm_inc=$(python3 -c 'import tvm_ffi.libinfo as l; print(l.find_include_path())')
   dl_inc=$(python3 -c 'import tvm_ffi.libinfo as l; print(l.find_dlpack_include_path())')
-  # ptxas resource usage of every sm_90a translation unit, compiled beside the package's own build
-  # (same flags, plus -Xptxas -v), in parallel
+  # ptxas resource usage of every arch's translation units (cuda/csrc/sm_*/), compiled beside the
+  # package's own build (same flags, that arch's -gencode, plus -Xptxas -v), in parallel
   : >"$OUT/build.log"
-  for src in cuda/csrc/sm_90a/*.cu; do
-    ( "$CUDA_HOME/bin/nvcc" -std=c++17 -O3 -lineinfo $GENCODE -Xptxas -v -c -o /dev/null "$src" \
-        -I cuda/include -I "$tvm_inc" -I "$dl_inc" >"$OUT/build_$(basename "$src").log" 2>&1
-      echo "nvcc $src exit $?" >>"$OUT/build_$(basename "$src").log" ) &
+  for src in cuda/csrc/sm_*/*.cu; do
+    arch=$(basename "$(dirname "$src")")
+    ( "$CUDA_HOME/bin/nvcc" -std=c++17 -O3 -lineinfo "-gencode=arch=compute_${arch#sm_},code=$arch" -Xptxas -v \
+        -c -o /dev/null "$src" \
+        -I cuda/include -I "$tvm_inc" -I "$dl_inc" >"$OUT/build_${arch}_$(basename "$src").log" 2>&1
+      echo "nvcc $src exit $?" >>"$OUT/build_${arch}_$(basename "$src").log" ) &
     pids+=($!)
   done
   python3 - <<'EOF'

@@ -22,8 +22,8 @@ def device_type(x) -> str:
     """'cpu' or 'cuda' (anything else raises), read through DLPack so every framework works."""
     if isinstance(x, np.ndarray):
         return "cpu"
-    # torch first through its C properties: torch's __dlpack_device__ is Python code that cost
-    # ~1.7 us of every eager call (other devices fall through to the DLPack answer below).
+    # torch first through its C properties: torch's __dlpack_device__ is Python code, a large share
+    # of an eager call's host time (other devices fall through to the DLPack answer below).
     if type(x).__module__.startswith("torch") and hasattr(x, "is_cuda"):
         if x.is_cuda:
             return "cuda"
