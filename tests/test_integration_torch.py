@@ -125,14 +125,12 @@ def test_compiled_op_raises_value_error(device):
         compiled(q, k[..., :100], w, s, bt)
 
 
-@pytest.mark.cuda
-def test_cuda_graph_capture_and_replay():
-    batch, args = batch_on(LENS_A, "cuda")
-    static = [a.clone() for a in args]
-    out = torch.full((4, K), SENTINEL, dtype=torch.int32, device="cuda")
+def capture_both_ops(static, out):
+    """(graph, functional output): both ops captured in one CUDA graph on the `static` inputs, the out
+    op writing `out`, the functional one sorted; warmed up (module built, attributes set) off the capture."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up (builds/loads the module) off the capture
+    with torch.cuda.stream(side):
         torch.ops.dsa.topk_indexer_out(*static, out)
         torch.ops.dsa.topk_indexer(*static, topk=K)
     torch.cuda.current_stream().wait_stream(side)
@@ -140,6 +138,15 @@ def test_cuda_graph_capture_and_replay():
     with torch.cuda.graph(graph):
         functional = torch.ops.dsa.topk_indexer(*static, topk=K, sorted=True)
         torch.ops.dsa.topk_indexer_out(*static, out)
+    return graph, functional
+
+
+@pytest.mark.cuda
+def test_cuda_graph_capture_and_replay():
+    batch, args = batch_on(LENS_A, "cuda")
+    static = [a.clone() for a in args]
+    out = torch.full((4, K), SENTINEL, dtype=torch.int32, device="cuda")
+    graph, functional = capture_both_ops(static, out)
     for seed in (1, 2):  # new data of the same shapes, copied into the captured buffers
         other, new_args = batch_on(LENS_A, "cuda", seed=seed)
         for dst, src in zip(static, new_args):
@@ -360,16 +367,7 @@ def test_cuda_graph_capture_and_replay_mtp():
     form = Form(2, NUM_HEADS)
     static = [a.clone() for a in mtp_batch(form, seed=30).to_torch("cuda")]
     out = torch.full(query_rows_shape(mtp_batch(form, seed=30), K), SENTINEL, dtype=torch.int32, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.ops.dsa.topk_indexer_out(*static, out)
-        torch.ops.dsa.topk_indexer(*static, topk=K)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        functional = torch.ops.dsa.topk_indexer(*static, topk=K, sorted=True)
-        torch.ops.dsa.topk_indexer_out(*static, out)
+    graph, functional = capture_both_ops(static, out)
     for seed in (31, 32):
         other = mtp_batch(form, seed=seed)
         for dst, src in zip(static, other.to_torch("cuda")):
