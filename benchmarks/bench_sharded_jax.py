@@ -37,7 +37,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ffi_dsa.contract import DEFAULT_TOPK, PAGE_BYTES, PAGE_TOKENS
-from ffi_dsa.jax_ops import topk_indexer
+from ffi_dsa import topk_indexer
 from ffi_dsa.workloads import make_batch
 
 OP_KERNELS = "ffi_dsa::"

@@ -12,8 +12,9 @@ ffi_dsa/docs/contract.md.
 
 Importing the package loads nothing native: each name below loads its module on first use (the
 native module, through tvm_ffi, which imports torch when it is installed). The framework entry
-points are modules of their own: ``import ffi_dsa.torch_ops`` registers ``torch.ops.dsa.*``;
-``ffi_dsa.jax_ops`` and ``ffi_dsa.tvm_relax`` hold the JAX and TVM ones.
+points are modules of their own: ``import ffi_dsa.torch_ops`` registers ``torch.ops.dsa.*``; the
+allocating entry points take JAX arrays to ``ffi_dsa.jax_ops`` (XLA FFI calls, under ``jax.jit`` too);
+``ffi_dsa.tvm_relax`` holds the TVM globals.
 """
 
 from __future__ import annotations

@@ -97,16 +97,11 @@ def call(op: Op, args: tuple, attrs: tuple, validate: bool) -> None:
 
 
 def allocate_and_call(op: Op, inputs: tuple, topk, options: dict, validate: bool):
-    """The allocating form of `op`: its int32 output (``op.output_shape``) in q's framework and on
-    its device, written by :func:`call`. JAX arrays, which are immutable, go to ffi_dsa.jax_ops."""
+    """The allocating form of `op` for arrays that can be written (numpy, torch, CuPy): its int32
+    output (``op.output_shape``) in q's framework and on its device, written by :func:`call`. (JAX
+    arrays, which are immutable, take ffi_dsa.jax_ops.call instead.)"""
     q = inputs[0]
     attrs = op.attrs(options)  # a bad option fails before anything else
-    if _arrays.framework(q) == "jax":
-        from . import jax_ops
-
-        if validate:  # concrete arrays only: under jit there is nothing on the host to look at
-            op.validate(*inputs)
-        return getattr(jax_ops, op.name)(*inputs, topk=topk, **options)
     _arrays.check_tensor(q, op.arg_names[0])
     topk = checked_topk(topk)
     op.kernel_for(_arrays.device_type(q))  # a device without a kernel fails before anything is allocated

@@ -72,9 +72,15 @@ def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool 
 def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False,
                  validate: bool = False):
     """Allocating form of :func:`call`: int32 ``[B, topk]`` in q's framework (torch, numpy, JAX)
-    and on its device, or ``[B, N, topk]`` for a rank-4 q ``[B, N, H, 128]``."""
-    return _op.allocate_and_call(OP, (q, k_cache, weights, seq_lens, block_table), topk, {"sorted": sorted},
-                                 validate)
+    and on its device, or ``[B, N, topk]`` for a rank-4 q ``[B, N, H, 128]``. On JAX arrays it is
+    an XLA FFI call (ffi_dsa.jax_ops) that works under ``jax.jit`` (``topk`` and ``sorted`` static),
+    ``jax.vmap`` and ``jax.shard_map``."""
+    inputs, options = (q, k_cache, weights, seq_lens, block_table), {"sorted": sorted}
+    if _arrays.framework(q) == "jax":
+        from . import jax_ops
+
+        return jax_ops.call(OP, inputs, topk, options, validate)
+    return _op.allocate_and_call(OP, inputs, topk, options, validate)
 
 
 def validate_pages(k_cache, seq_lens, block_table) -> None:

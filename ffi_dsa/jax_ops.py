@@ -1,11 +1,12 @@
 """JAX: each op of the package as an XLA FFI custom call, usable under ``jax.jit``, ``jax.vmap`` and
-``jax.shard_map``:
+``jax.shard_map``. The allocating entry points come here for JAX arrays:
 
-    from ffi_dsa.jax_ops import topk_indexer, prefill_topk_indexer
-    idx = jax.jit(topk_indexer, static_argnames=("topk", "sorted"))(q, k_cache, weights, seq_lens, block_table)
-    idx = jax.jit(prefill_topk_indexer, static_argnames=("topk", "sorted", "ids"))(q, k, k_scale, weights, ks, ke)
+    idx = jax.jit(ffi_dsa.topk_indexer, static_argnames=("topk", "sorted"))(q, k_cache, weights, seq_lens,
+                                                                            block_table)
+    idx = jax.jit(ffi_dsa.prefill_topk_indexer, static_argnames=("topk", "sorted", "ids"))(q, k, k_scale,
+                                                                                           weights, ks, ke)
 
-(``ffi_dsa.topk_indexer`` and ``ffi_dsa.prefill_topk_indexer`` come here for JAX arrays.) Each op's
+Each op's
 exported DPS function is registered with ``jax_tvm_ffi.register_ffi_target`` as the XLA FFI target
 ``ffi_dsa_<op>`` (arg spec ``args, rets, attrs.<attribute>...``): the CPU target on first use, the
 GPU target only when a call is made for the GPU (building the CUDA module needs nvcc). On the GPU,
@@ -34,9 +35,8 @@ import jax.numpy as jnp
 import jax_tvm_ffi
 import tvm_ffi
 
-from . import _build, _ffi_api, decode, prefill
+from . import _build, _ffi_api
 from ._op import Op, checked_topk
-from .contract import DEFAULT_TOPK
 from .jax_sharding import batch_partitioned
 
 
@@ -212,9 +212,13 @@ def batched_op(op: Op, topk: int, attrs: tuple):
     return jax.jit(batched)
 
 
-def call(op: Op, inputs, topk, options: dict):
-    """`op`'s output as a JAX array: the trace-time checks, the targets registered, the call."""
+def call(op: Op, inputs, topk, options: dict, validate: bool = False):
+    """`op`'s output as a JAX array (the allocating entry points' JAX route): the trace-time checks,
+    the targets registered, the call. `validate` runs the op's host checks on concrete arrays (under
+    jit there is nothing on the host to look at)."""
     attrs = op.attrs(options)
+    if validate:
+        op.validate(*inputs)
     args = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in inputs]
     try:
         topk = int(topk)
@@ -227,20 +231,4 @@ def call(op: Op, inputs, topk, options: dict):
     return batched_op(op, topk, attrs)(*args)
 
 
-def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False):
-    """Decode (ffi_dsa.topk_indexer) on JAX arrays: int32 ``[B, topk]``, or ``[B, N, topk]`` for a
-    rank-4 q ``[B, N, H, 128]``. Works eagerly and inside ``jax.jit`` (``topk`` and ``sorted`` static
-    there), ``jax.vmap`` and ``jax.shard_map``; shape/dtype mistakes raise ValueError/TypeError at
-    trace time."""
-    return call(decode.OP, (q, k_cache, weights, seq_lens, block_table), topk, {"sorted": sorted})
-
-
-def prefill_topk_indexer(q, k, k_scale, weights, ks, ke, topk: int = DEFAULT_TOPK, sorted: bool = False,
-                         ids: str = "relative"):
-    """Prefill (ffi_dsa.prefill_topk_indexer) on JAX arrays: int32 ``[M, topk]``. Works eagerly and
-    inside ``jax.jit`` (``topk``, ``sorted`` and ``ids`` static there) on the CPU and the GPU;
-    shape/dtype mistakes raise ValueError/TypeError at trace time."""
-    return call(prefill.OP, (q, k, k_scale, weights, ks, ke), topk, {"sorted": sorted, "ids": ids})
-
-
-__all__ = ["topk_indexer", "prefill_topk_indexer", "register", "check_shapes", "workspace_bytes", "target"]
+__all__ = ["call", "register", "check_shapes", "workspace_bytes", "target"]

@@ -68,9 +68,14 @@ def prefill_call(q, k, k_scale, weights, ks, ke, topk_indices, sorted: bool = Fa
 def prefill_topk_indexer(q, k, k_scale, weights, ks, ke, topk: int = DEFAULT_TOPK, sorted: bool = False,
                          validate: bool = False, *, ids: str = "relative"):
     """Allocating form of :func:`prefill_call`: int32 ``[M, topk]`` in q's framework (torch, numpy,
-    JAX) and on its device."""
-    return _op.allocate_and_call(OP, (q, k, k_scale, weights, ks, ke), topk, {"sorted": sorted, "ids": ids},
-                                 validate)
+    JAX) and on its device. On JAX arrays it is an XLA FFI call (ffi_dsa.jax_ops) that works under
+    ``jax.jit`` (``topk``, ``sorted`` and ``ids`` static) and ``jax.vmap``."""
+    inputs, options = (q, k, k_scale, weights, ks, ke), {"sorted": sorted, "ids": ids}
+    if _arrays.framework(q) == "jax":
+        from . import jax_ops
+
+        return jax_ops.call(OP, inputs, topk, options, validate)
+    return _op.allocate_and_call(OP, inputs, topk, options, validate)
 
 
 def validate_prefill(k, ks, ke) -> None:

@@ -6,7 +6,7 @@
 
 Each step projects one hidden state per row to 64 index-query heads, quantizes them to FP8 per head
 (the scale folded into the head weights) and selects the top-K cached tokens of every row with
-``ffi_dsa.jax_ops.topk_indexer``, an XLA FFI custom call: all in one ``jax.jit``, ``topk`` static.
+``ffi_dsa.topk_indexer`` (on JAX arrays an XLA FFI custom call, ffi_dsa.jax_ops): all in one ``jax.jit``.
 Every step is checked against the float64 reference.
 """
 
@@ -24,7 +24,7 @@ import ffi_dsa
 from ffi_dsa.contract import DEFAULT_TOPK
 from ffi_dsa.contract import HEAD_DIM as DIM
 from ffi_dsa.contract import NUM_HEADS as HEADS
-from ffi_dsa.jax_ops import topk_indexer
+from ffi_dsa import topk_indexer
 from ffi_dsa.kv_cache import FP8_MAX
 from ffi_dsa.workloads import make_batch
 

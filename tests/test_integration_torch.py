@@ -229,7 +229,7 @@ def test_all_callers_agree_byte_for_byte():
         pass
     else:
         jargs = [jnp.asarray(batch.q).view(jnp.float8_e4m3fn), *map(jnp.asarray, batch.args()[1:])]
-        results["jax"] = np.asarray(jax_ops.topk_indexer(*jargs, topk=K))
+        results["jax"] = np.asarray(ffi_dsa.topk_indexer(*jargs, topk=K))
     try:
         import ml_dtypes
         import tvm
@@ -392,8 +392,8 @@ def _jax_results(batch, topk, sorted_, device):
         return {}
     q, k, w, s, bt = [jax.device_put(a, target) for a in
                       (jnp.asarray(batch.q).view(jnp.float8_e4m3fn), *map(jnp.asarray, batch.args()[1:]))]
-    jitted = jax.jit(jax_ops.topk_indexer, static_argnames=("topk", "sorted"))
-    vmapped = jax.jit(jax.vmap(lambda q_, w_, s_, t_: jax_ops.topk_indexer(q_, k, w_, s_, t_, topk=topk,
+    jitted = jax.jit(ffi_dsa.topk_indexer, static_argnames=("topk", "sorted"))
+    vmapped = jax.jit(jax.vmap(lambda q_, w_, s_, t_: ffi_dsa.topk_indexer(q_, k, w_, s_, t_, topk=topk,
                                                                           sorted=sorted_)))
     pair = vmapped(*(jnp.stack([x, x]) for x in (q, w, s, bt)))
     return {"jax.jit": np.asarray(jitted(q, k, w, s, bt, topk=topk, sorted=sorted_)),

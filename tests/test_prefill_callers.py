@@ -182,8 +182,8 @@ def test_jax_eager_and_jit_match_dps(jax_ops, sorted_, ids):
     batch = make_prefill_batch(*CHUNK_A[:1], queries=CHUNK_A[1], seed=6)
     for fp8 in (True, False):
         args = jax_args(batch, fp8)
-        assert_same(jax_ops.prefill_topk_indexer(*args, topk=K, sorted=sorted_, ids=ids), batch, sorted=sorted_, ids=ids)
-    jitted = jax.jit(jax_ops.prefill_topk_indexer, static_argnames=("topk", "sorted", "ids"))
+        assert_same(ffi_dsa.prefill_topk_indexer(*args, topk=K, sorted=sorted_, ids=ids), batch, sorted=sorted_, ids=ids)
+    jitted = jax.jit(ffi_dsa.prefill_topk_indexer, static_argnames=("topk", "sorted", "ids"))
     assert_same(jitted(*args, topk=K, sorted=sorted_, ids=ids), batch, sorted=sorted_, ids=ids)
 
 
@@ -195,7 +195,7 @@ def test_jax_inside_a_larger_jit_and_through_the_package(jax_ops):
 
     @jax.jit
     def step(q, k, scale, w, ks, ke):
-        idx = jax_ops.prefill_topk_indexer(q, k, scale, w * 2.0, ks, ke, topk=K, ids="absolute")
+        idx = ffi_dsa.prefill_topk_indexer(q, k, scale, w * 2.0, ks, ke, topk=K, ids="absolute")
         return idx, (idx >= 0).sum(axis=-1)
 
     idx, count = step(*args)
@@ -214,7 +214,7 @@ def test_jax_vmap_over_chunks_sharing_k_is_one_call(jax_ops):
     chunk = make_exact_prefill_batch([90, 30], seed=10)
     q, k, k_scale, weights, ks, ke = jax_args(chunk)
     flip = lambda x: jnp.stack([x, x[::-1]])  # noqa: E731  (element 1: the rows in reverse order)
-    fn = jax.jit(jax.vmap(lambda q_, w_, a_, b_: jax_ops.prefill_topk_indexer(q_, k, k_scale, w_, a_, b_, topk=K)))
+    fn = jax.jit(jax.vmap(lambda q_, w_, a_, b_: ffi_dsa.prefill_topk_indexer(q_, k, k_scale, w_, a_, b_, topk=K)))
     args = (flip(q), flip(weights), flip(ks), flip(ke))
     jaxpr = str(jax.make_jaxpr(fn)(*args))
     rows = 2 * len(chunk.ks)
@@ -231,7 +231,7 @@ def test_jax_vmap_runs_each_element(jax_ops):
 
     chunks = [make_exact_prefill_batch([90, 30], seed=seed) for seed in (8, 9)]
     stacked = [jnp.stack(parts) for parts in zip(*(jax_args(c) for c in chunks))]
-    got = jax.jit(jax.vmap(lambda *a: jax_ops.prefill_topk_indexer(*a, topk=K)))(*stacked)
+    got = jax.jit(jax.vmap(lambda *a: ffi_dsa.prefill_topk_indexer(*a, topk=K)))(*stacked)
     for chunk, g in zip(chunks, np.asarray(got)):
         assert_same(g, chunk)
 
@@ -247,17 +247,17 @@ def test_jax_errors_raise_at_trace_time(jax_ops, index, edit, error, match):
     args = jax_args(make_prefill_batch(*CHUNK_A[:1], queries=CHUNK_A[1], seed=10))
     args[index] = edit(args[index])
     with pytest.raises(error, match=match):
-        jax_ops.prefill_topk_indexer(*args, topk=K)
+        ffi_dsa.prefill_topk_indexer(*args, topk=K)
     with pytest.raises(error, match=match):
-        jax.jit(jax_ops.prefill_topk_indexer, static_argnames=("topk",))(*args, topk=K)
+        jax.jit(ffi_dsa.prefill_topk_indexer, static_argnames=("topk",))(*args, topk=K)
 
 
 def test_jax_topk_and_ids_errors(jax_ops):
     args = jax_args(make_prefill_batch(*CHUNK_A[:1], queries=CHUNK_A[1], seed=11))
     with pytest.raises(ValueError, match="K <= 2048"):
-        jax_ops.prefill_topk_indexer(*args, topk=4096)
+        ffi_dsa.prefill_topk_indexer(*args, topk=4096)
     with pytest.raises(ValueError, match="^ids must be"):
-        jax_ops.prefill_topk_indexer(*args, topk=K, ids="global")
+        ffi_dsa.prefill_topk_indexer(*args, topk=K, ids="global")
     with pytest.raises(ValueError, match=r"^ks\[3\] = -1 is negative"):
         args[4] = args[4].at[3].set(-1)
         ffi_dsa.prefill_topk_indexer(*args, topk=K, validate=True)
@@ -274,7 +274,7 @@ def test_jax_gpu_matches_the_dps_call_under_jit(jax_ops, sorted_, ids):
         pytest.skip("needs a JAX GPU")
     batch = make_exact_prefill_batch(*CHUNK_A[:1], queries=CHUNK_A[1], seed=12)
     args = [jax.device_put(a, gpu) for a in jax_args(batch)]
-    fn = jax.jit(jax_ops.prefill_topk_indexer, static_argnames=("topk", "sorted", "ids"))
+    fn = jax.jit(ffi_dsa.prefill_topk_indexer, static_argnames=("topk", "sorted", "ids"))
     out = fn(*args, topk=K, sorted=sorted_, ids=ids)
     assert next(iter(out.devices())).platform == "gpu"
     np.testing.assert_array_equal(np.asarray(out), ffi_dsa.reference_prefill(*batch.args(), topk=K, sorted=sorted_,

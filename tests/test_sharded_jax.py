@@ -57,7 +57,7 @@ COLLECTIVE = re.compile(r"= (\w+\[[\d,]*\])\S* (all-gather|all-to-all|collective
 # (on the GPU the call also returns its XLA scratch: "(s32[4,16]{1,0}, u8[1024]{0}) custom-call(")
 LOCAL_CALL = re.compile(r"= \(?(s32\[[\d,]*\])\S*?(?:, u8\[\d+\]\S*\))? custom-call\([^\n]*custom_call_target=\""
                         + jax_ops.target(decode.OP))
-jitted = jax.jit(jax_ops.topk_indexer, static_argnames=("topk", "sorted"))
+jitted = jax.jit(ffi_dsa.topk_indexer, static_argnames=("topk", "sorted"))
 
 
 def test_cases_in_a_4_device_process(tmp_path):
@@ -173,9 +173,9 @@ def test_gpus_one_local_call_each(gpus, how, form):
     mesh = mesh_of((gpus,), ("x",), GPUS)
     args = put(mesh, jax_args(batch), batch_specs())
     if how == "jit":
-        fn = jax.jit(lambda *a: jax_ops.topk_indexer(*a, topk=K))
+        fn = jax.jit(lambda *a: ffi_dsa.topk_indexer(*a, topk=K))
     else:
-        fn = jax.jit(jax.shard_map(lambda *a: jax_ops.topk_indexer(*a, topk=K), mesh=mesh,
+        fn = jax.jit(jax.shard_map(lambda *a: ffi_dsa.topk_indexer(*a, topk=K), mesh=mesh,
                                    in_specs=tuple(batch_specs()), out_specs=P("x")))
     text = hlo(fn, *args)
     assert collectives(text) == []
@@ -197,7 +197,7 @@ class TestFourDevices:
         before = jax.config.jax_use_shardy_partitioner
         jax.config.update("jax_use_shardy_partitioner", partitioner == "shardy")
         try:
-            fn = jax.jit(lambda *a: jax_ops.topk_indexer(*a, topk=K, sorted=sorted_))
+            fn = jax.jit(lambda *a: ffi_dsa.topk_indexer(*a, topk=K, sorted=sorted_))
             text = hlo(fn, *args)
             got = fn(*args)
         finally:
@@ -216,10 +216,10 @@ class TestFourDevices:
         q, k, k_scale, weights, ks, ke = chunk.args()
         mesh = mesh_of()
         rows = len(ks)
-        fn = jax.jit(lambda *a: jax_ops.prefill_topk_indexer(*a, topk=K))
+        fn = jax.jit(lambda *a: ffi_dsa.prefill_topk_indexer(*a, topk=K))
         if rows % DEVICES:  # a sharding constraint inside the jit: JAX refuses such a split at its boundary
             row = NamedSharding(mesh, P("x"))
-            fn = jax.jit(lambda q_, k_, s_, w_, ks_, ke_: jax_ops.prefill_topk_indexer(
+            fn = jax.jit(lambda q_, k_, s_, w_, ks_, ke_: ffi_dsa.prefill_topk_indexer(
                 jax.lax.with_sharding_constraint(q_, row), k_, s_, jax.lax.with_sharding_constraint(w_, row),
                 jax.lax.with_sharding_constraint(ks_, row), jax.lax.with_sharding_constraint(ke_, row), topk=K))
             args = [jnp.asarray(q).view(jnp.float8_e4m3fn), jnp.asarray(k).view(jnp.float8_e4m3fn),
@@ -267,7 +267,7 @@ class TestFourDevices:
 
         @jax.jit
         def step(q, k_cache, weights, seq_lens, block_table):
-            idx = jax_ops.topk_indexer(q, k_cache, weights * 2.0, seq_lens, block_table, topk=K)
+            idx = ffi_dsa.topk_indexer(q, k_cache, weights * 2.0, seq_lens, block_table, topk=K)
             return idx, (idx >= 0).sum(axis=1)
 
         text = step.lower(*args).compile().as_text()
@@ -283,7 +283,7 @@ class TestFourDevices:
         mesh = mesh_of()
         specs = batch_specs()
         args = put(mesh, jax_args(batch), specs)
-        fn = jax.jit(jax.shard_map(lambda *a: jax_ops.topk_indexer(*a, topk=K), mesh=mesh,
+        fn = jax.jit(jax.shard_map(lambda *a: ffi_dsa.topk_indexer(*a, topk=K), mesh=mesh,
                                    in_specs=tuple(specs), out_specs=P("x")))
         text = hlo(fn, *args)
         assert collectives(text) == []
@@ -300,7 +300,7 @@ class TestFourDevices:
         args = put(mesh, [q, k_cache, weights, seq_lens, jnp.asarray(local_table)], [P("x")] * 5)
 
         def per_device(q, k_cache, weights, seq_lens, block_table):
-            local = jax_ops.topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=K)
+            local = ffi_dsa.topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=K)
             return local, jax_sharding.global_ids(local, pages, "x")
 
         fn = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P("x"),) * 5, out_specs=(P("x"), P("x"))))
@@ -337,7 +337,7 @@ class TestFourDevices:
         assert [x.shape[0] for x in padded] == [-(-batch_size // DEVICES) * DEVICES] * 4
         args = put(mesh, [padded[0], k_cache, *padded[1:]], batch_specs())
         want = call_result(batch, K)
-        for fn in (jitted, jax.jit(jax.shard_map(lambda *a: jax_ops.topk_indexer(*a, topk=K), mesh=mesh,
+        for fn in (jitted, jax.jit(jax.shard_map(lambda *a: ffi_dsa.topk_indexer(*a, topk=K), mesh=mesh,
                                                   in_specs=tuple(batch_specs()), out_specs=P("x")))):
             kwargs = {"topk": K} if fn is jitted else {}
             text = fn.lower(*args, **kwargs).compile().as_text()
@@ -359,7 +359,7 @@ class TestFourDevices:
         @jax.jit
         def step(q, k_cache, weights, seq_lens, block_table):
             c = lambda a: jax.lax.with_sharding_constraint(a, rows)  # noqa: E731
-            return jax_ops.topk_indexer(c(q), k_cache, c(weights), c(seq_lens), c(block_table), topk=K)
+            return ffi_dsa.topk_indexer(c(q), k_cache, c(weights), c(seq_lens), c(block_table), topk=K)
 
         text = step.lower(*args).compile().as_text()
         assert local_calls(text) == [f"s32[2,{K}]"]
@@ -420,7 +420,7 @@ class TestFourDevices:
         @jax.jit
         def step(q, k_cache, weights, seq_lens, block_table):
             c = lambda a: jax.lax.with_sharding_constraint(a, rows)  # noqa: E731
-            return jax_ops.topk_indexer(c(q), k_cache, c(weights), c(seq_lens), c(block_table), topk=K)
+            return ffi_dsa.topk_indexer(c(q), k_cache, c(weights), c(seq_lens), c(block_table), topk=K)
 
         args = put(mesh, jax_args(batch), [P()] * 5)
         assert local_calls(step.lower(*args).compile().as_text()) == [f"s32[2,{form.queries},{K}]"]
