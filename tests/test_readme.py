@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
 import re
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import ffi_dsa
+from conftest import script_env
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 SECTION = "## Framework integrations"
@@ -63,7 +62,7 @@ def test_readme_snippet_runs_by_itself(code, tmp_path):
     script = tmp_path / "snippet.py"
     script.write_text(code)
     # the ffi_dsa this suite imports (the installed one in CI, else the checkout), from outside the checkout
-    env = dict(os.environ, PYTHONPATH=str(Path(ffi_dsa.__file__).resolve().parent.parent))
+    env = script_env()
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, f"the snippet failed:\n{code}\n--- stderr ---\n{done.stderr[-4000:]}"

@@ -1,6 +1,6 @@
-// The argument checks of the prefill op (docs/contract.md, prefill), in validate.h's style and with
-// its helpers: caller mistakes raise ValueError/TypeError naming the argument, before anything is
-// written. The values only the device sees (ks, ke) are not checked here; the kernels clamp them.
+// The argument checks of prefill, the ragged causal top-k indexer (docs/contract.md, prefill), for
+// every caller and every device, on validate/common.h's helpers. The values only the device sees
+// (ks, ke) are not checked here; the kernels clamp them.
 #pragma once
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "ffi_dsa/contract.h"
-#include "ffi_dsa/validate.h"
+#include "ffi_dsa/validate/common.h"
 
 namespace ffi_dsa {
 
@@ -35,7 +35,7 @@ struct PrefillArgs : PrefillShape {
 };
 
 // How messages name the prefill arguments, in the op's order: the parameter names of
-// ffi_dsa.prefill_topk_indexer. ffi_dsa/prefill.py ARG_NAMES holds the same strings.
+// ffi_dsa.prefill_call. ffi_dsa/prefill.py ARG_NAMES holds the same strings.
 inline constexpr const char* kPrefillArgNames[7] = {"q", "k", "k_scale", "weights", "ks", "ke", "topk_indices"};
 
 // Checks dtypes, ranks, shapes against each other, K, devices and contiguity. Argument order:
@@ -44,9 +44,8 @@ inline PrefillShape CheckPrefillMeta(const ArgMeta& q, const ArgMeta& k, const A
                                      const ArgMeta& weights, const ArgMeta& ks, const ArgMeta& ke,
                                      const ArgMeta& topk_indices) {
   using namespace detail;
-  const char* fp8 = "float8_e4m3fn (or a uint8/int8 view of the same bytes)";
-  CheckDType(q, Is(q.dtype, kDLFloat8_e4m3fn, 8) || IsByte(q.dtype), fp8);
-  CheckDType(k, Is(k.dtype, kDLFloat8_e4m3fn, 8) || IsByte(k.dtype), fp8);
+  CheckDType(q, IsFp8(q.dtype), kFp8Expected);
+  CheckDType(k, IsFp8(k.dtype), kFp8Expected);
   CheckDType(k_scale, Is(k_scale.dtype, kDLFloat, 32), "float32");
   CheckDType(weights, Is(weights.dtype, kDLFloat, 32), "float32");
   CheckDType(ks, Is(ks.dtype, kDLInt, 32), "int32");
@@ -64,11 +63,7 @@ inline PrefillShape CheckPrefillMeta(const ArgMeta& q, const ArgMeta& k, const A
   PrefillShape s;
   s.rows = q.size(0);
   s.num_keys = k.size(0);
-  if (!SupportedHeads(q.size(1))) {
-    TVM_FFI_THROW(ValueError) << q.name << " dimension 1 (H, index heads) must be " << kNumHeads << " or "
-                              << kNumHeadsNarrow << ", got shape " << ShapeString(q);
-  }
-  s.heads = static_cast<int32_t>(q.size(1));
+  s.heads = CheckHeads(q, 1);
   CheckDim(q, 2, kHeadDim, "head dim");
   CheckDim(k, 1, kHeadDim, "head dim");
   // Ids, ks and ke are int32: keys past that range could not be named.
@@ -82,12 +77,8 @@ inline PrefillShape CheckPrefillMeta(const ArgMeta& q, const ArgMeta& k, const A
   CheckDim(ks, 0, s.rows, "M, query rows, from q");
   CheckDim(ke, 0, s.rows, "M, query rows, from q");
   CheckDim(topk_indices, 0, s.rows, "M, query rows, from q");
-  s.topk = topk_indices.size(1);
-  if (s.topk > kMaxTopK) {
-    TVM_FFI_THROW(ValueError) << "topk_indices has K=" << s.topk << " columns (topk=" << s.topk
-                              << " where the entry point allocates it); the kernel supports K <= " << kMaxTopK;
-  }
-  for (const ArgMeta* t : {&q, &k, &k_scale, &weights, &ks, &ke, &topk_indices}) CheckPlacement(*t, q.device);
+  s.topk = CheckTopK(topk_indices);
+  CheckPlacements({&q, &k, &k_scale, &weights, &ks, &ke, &topk_indices});
   return s;
 }
 
@@ -97,16 +88,10 @@ inline PrefillArgs CheckPrefillArgs(const tvm::ffi::TensorView& q, const tvm::ff
                                     const tvm::ffi::TensorView& ks, const tvm::ffi::TensorView& ke,
                                     const tvm::ffi::TensorView& topk_indices, DLDeviceType expected_device_type) {
   using detail::DataAs;
-  const auto& names = kPrefillArgNames;
-  if (q.device().device_type != expected_device_type) {
-    TVM_FFI_THROW(ValueError) << names[0] << " is on device type " << q.device().device_type
-                              << " but this module serves device type " << expected_device_type;
-  }
+  const auto m = ServedArgMetas(kPrefillArgNames, {q, k, k_scale, weights, ks, ke, topk_indices},
+                                expected_device_type);
   PrefillArgs args;
-  static_cast<PrefillShape&>(args) =
-      CheckPrefillMeta(MetaOf(names[0], q), MetaOf(names[1], k), MetaOf(names[2], k_scale),
-                       MetaOf(names[3], weights), MetaOf(names[4], ks), MetaOf(names[5], ke),
-                       MetaOf(names[6], topk_indices));
+  static_cast<PrefillShape&>(args) = CheckPrefillMeta(m[0], m[1], m[2], m[3], m[4], m[5], m[6]);
   args.q = DataAs<const uint8_t>(q);
   args.k = DataAs<const uint8_t>(k);
   args.k_scale = DataAs<const float>(k_scale);

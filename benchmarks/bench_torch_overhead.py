@@ -1,6 +1,6 @@
-"""Eager per-call overhead of the torch registration routes (the numbers quoted in torch_op.py).
+"""Eager per-call overhead of the torch registration routes (docs/performance.md quotes its numbers).
 
-    python -m ffi_dsa.integration.bench_torch_overhead [--calls 20000] [--reps 7]
+    python benchmarks/bench_torch_overhead.py [--calls 20000] [--reps 7]
 
 CPU, tiny inputs: B=1 with seq_len 64 and K=16 (kernel included), and B=0 (validation and
 dispatch only). Compares the tvm-ffi function called directly with the ``torch.library.Library``
@@ -14,25 +14,20 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-try:
-    import ffi_dsa
-except ImportError:  # run as a script from a source checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    import ffi_dsa
+import ffi_dsa
 
 from ffi_dsa import _ffi_api
-from ffi_dsa.integration import torch_op  # noqa: F401
+import ffi_dsa.torch_ops  # noqa: F401  (registers torch.ops.dsa.*)
 from ffi_dsa.contract import DEFAULT_TOPK
 from ffi_dsa.workloads import make_batch
 
 
 def _custom_op():
     """The same op through torch.library.custom_op, for comparison (registered once)."""
-    fn = _ffi_api.topk_indexer_for("cpu")
+    fn = _ffi_api.kernel_for("topk_indexer", "cpu")
 
     @torch.library.custom_op("dsa_bench::topk_indexer", mutates_args=())
     def op(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, seq_lens: torch.Tensor,
@@ -71,7 +66,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     custom = _custom_op()
-    fn = _ffi_api.topk_indexer_for("cpu")
+    fn = _ffi_api.kernel_for("topk_indexer", "cpu")
     K = 16
     for lens in ([64], []):
         q, k, w, s, bt = make_batch(lens).to_torch()

@@ -1,7 +1,7 @@
 """Timing: data-parallel decode steps with JAX on 1, 2, 4... devices, per call end to end and on the device.
 
-    python -m ffi_dsa.integration.bench_sharded_jax --platform gpu --devices 1,2,4
-    XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m ffi_dsa.integration.bench_sharded_jax \\
+    python benchmarks/bench_sharded_jax.py --platform gpu --devices 1,2,4
+    XLA_FLAGS=--xla_force_host_platform_device_count=2 python benchmarks/bench_sharded_jax.py \\
         --platform cpu --devices 1,2 --rows 2 --context 512 --layers 2 --split-batch 4
 
 The step is what a model's decode step does with the indexer: ``--layers`` calls in one jitted
@@ -37,7 +37,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ffi_dsa.contract import DEFAULT_TOPK, PAGE_BYTES, PAGE_TOKENS
-from ffi_dsa.integration.jax_ffi import topk_indexer
+from ffi_dsa import topk_indexer
 from ffi_dsa.workloads import make_batch
 
 OP_KERNELS = "ffi_dsa::"
@@ -217,7 +217,9 @@ def main(argv=None) -> int:
     counts = [n for n in (int(c) for c in args.devices.split(",")) if n <= len(available)]
     print(f"{available[0].device_kind} x {len(available)}; {args.context} tokens per row, N = {args.queries}, "
           f"K = {args.topk}, {args.layers} calls per step, per call:")
-    report = {"card": available[0].device_kind, "args": vars(args), "data_parallel": [], "split": []}
+    # the options that shape the measurement; not where this machine writes its output
+    options = {k: v for k, v in vars(args).items() if k != "json"}
+    report = {"card": available[0].device_kind, "args": options, "data_parallel": [], "split": []}
     print(f"data parallel, {args.rows} rows per device\n{HEADER}")
     for n in counts:
         r = measure(available[:n], args.rows, args)

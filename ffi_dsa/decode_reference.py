@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from ._arrays import output_shape, to_numpy
+from ._arrays import to_numpy
+from .decode import output_shape
 from .contract import DEFAULT_TOPK, PAGE_TOKENS
 from .kv_cache import unpack_k_cache
 

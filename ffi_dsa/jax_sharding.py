@@ -3,9 +3,10 @@
 Rows are independent and every argument but the cache is per row, so a batch split over devices is
 one local call per device on its own rows, with the whole (replicated) cache:
 
-* Plain ``jax.jit``: ``jax_ffi.topk_indexer`` wraps the call in ``custom_partitioning`` with the
-  rule below. The batch dimension (dim 0 of q, weights, seq_lens, block_table and the output) keeps
-  the sharding of its operands; every other dimension, and the whole cache, is replicated. So
+* Plain ``jax.jit``: ``jax_ops`` wraps each op's call in ``custom_partitioning`` with the rule
+  below. The batch dimension (dim 0 of the per-row operands, ``Op.row_args``: decode's q, weights,
+  seq_lens, block_table; prefill's q, weights, ks, ke; and of the output) keeps the sharding of its
+  operands; every other dimension, and the whole cache (prefill: k and k_scale), is replicated. So
   batch-sharded inputs give one local call per device and a batch-sharded output, with no
   collective. A cache sharded by pages is all-gathered first (the block table holds global page ids
   there, and a row may name any page): page-local pools belong in ``shard_map``, below.
@@ -40,10 +41,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ..contract import PAGE_TOKENS
-
-# positions of the per-row operands among (q, k_cache, weights, seq_lens, block_table)
-_ROW_ARGS = (0, 2, 3, 4)
+from .contract import PAGE_TOKENS
 
 
 def _shape(ir_type) -> list[int]:  # the rule callback receives MLIR types, not avals
@@ -71,10 +69,7 @@ def _sharding_rule_for(row_args):
     return rule
 
 
-_sharding_rule = _sharding_rule_for(_ROW_ARGS)  # decode's
-
-
-def _batch_axes(arg_shapes, result_shape, row_args=_ROW_ARGS):
+def _batch_axes(arg_shapes, result_shape, row_args):
     """The mesh axes dim 0 of the batch operands is sharded over (None: replicated), or None when
     an operand's dim 0 is not the batch (such a call is run replicated, whole)."""
     batch = arg_shapes[0].shape[0] if arg_shapes[0].shape else None
@@ -92,19 +87,22 @@ def _replicate_rest(mesh, axes, ndim: int, row: bool) -> NamedSharding:
     return NamedSharding(mesh, P(axes if row else None, *([None] * (ndim - 1))))
 
 
-def _decode_rows_emptied(args, valid):
-    """Decode's operands with the rows where `valid` is False given length 0 (free, and the
-    kernel never reads whatever page ids they hold)."""
-    q, k_cache, weights, seq_lens, block_table = args
-    valid = valid.reshape(valid.shape[0], *([1] * (seq_lens.ndim - 1)))  # seq_lens [B] or [B, N]
-    return q, k_cache, weights, jnp.where(valid, seq_lens, 0).astype(seq_lens.dtype), block_table
+def _rows_emptied(operands, valid, length_args):
+    """The operands with the rows where `valid` is False made empty: their length operands (decode's
+    seq_lens, prefill's ks and ke) zeroed, so they cost nothing and the kernel reads nothing of theirs."""
+    out = list(operands)
+    for i in length_args:
+        x = out[i]
+        mask = valid.reshape(valid.shape[0], *([1] * (x.ndim - 1)))  # seq_lens [B] or [B, N]
+        out[i] = jnp.where(mask, x, 0).astype(x.dtype)
+    return out
 
 
-def batch_partitioned(local_call, row_args=_ROW_ARGS, empty_rows=_decode_rows_emptied):
+def batch_partitioned(local_call, row_args, length_args):
     """``local_call(*operands)`` wrapped so that XLA's partitioner runs it once per device on that
     device's rows (module docstring). `row_args`: the positions of the per-row operands (the others
-    are replicated); `empty_rows(operands, valid)`: the operands with the rows XLA pads a shard with
-    (`valid` False) made empty, for a batch that does not divide by the shards."""
+    are replicated); `length_args`: those that say how long a row is, zeroed in the rows XLA pads a
+    shard with, for a batch that does not divide by the shards."""
 
     @custom_partitioning
     def op(*operands):
@@ -125,7 +123,7 @@ def batch_partitioned(local_call, row_args=_ROW_ARGS, empty_rows=_decode_rows_em
         def lower(*operands):
             # The rows XLA pads the last shards with may hold any values: emptied, they cost nothing.
             row = jax.lax.axis_index(names) * per_shard + jnp.arange(per_shard, dtype=jnp.int32)
-            return local_call(*empty_rows(operands, row < batch))
+            return local_call(*_rows_emptied(operands, row < batch, length_args))
 
         return mesh, lower, out_sharding, arg_shardings
 

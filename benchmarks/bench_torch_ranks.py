@@ -1,11 +1,11 @@
 """Timing: one process per GPU (NCCL), each rank calling torch.ops.dsa.topk_indexer on its own rows.
 
-    python -m ffi_dsa.integration.bench_torch_ranks [--world-sizes 1,2,4] [--rows-per-rank 128]
+    python benchmarks/bench_torch_ranks.py [--world-sizes 1,2,4] [--rows-per-rank 128]
         [--context 8192] [--queries 1,2] [--layers 61] [--fixed-batch 128] [--json PATH]
-    python -m ffi_dsa.integration.bench_torch_ranks --device cpu --world-sizes 1,2 --rows-per-rank 2 \\
+    python benchmarks/bench_torch_ranks.py --device cpu --world-sizes 1,2 --rows-per-rank 2 \\
         --context 512 --layers 2          # plumbing check on gloo ranks, no GPU
 
-The data-parallel decode of integration/torch_ranks.py: every rank owns its rows and their K cache
+The data-parallel decode of benchmarks/torch_ranks.py: every rank owns its rows and their K cache
 on ``cuda:<rank>`` and makes its calls with nothing from the other ranks. Each row is `--context`
 tokens; ``--queries 1`` is the single-query op (q ``[B, H, 128]``), ``--queries 2`` two query
 tokens per row (q ``[B, 2, H, 128]``). A decode step is `--layers` calls (61: DeepSeek-V3.2's
@@ -47,16 +47,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-try:
-    import ffi_dsa
-except ImportError:  # run as a script from a source checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    import ffi_dsa
+import ffi_dsa  # noqa: F401
 
-from ffi_dsa.benchmarks.bench_gpu import (MB, Clock, capture_graphs, check_result, check_rows,
-                                          rotating_sets, time_graph_replays)
+from bench_gpu import MB, Clock, capture_graphs, check_result, check_rows, rotating_sets, time_graph_replays
 from ffi_dsa.contract import DEFAULT_TOPK, NUM_HEADS
-from ffi_dsa.integration.torch_ranks import barrier, rank_rows, spawn_ranks, start_rank
+from torch_ranks import barrier, rank_rows, spawn_ranks, start_rank
 
 # timed phases, in the order every rank runs them; the CPU has no graphs
 PHASES = {"graph_device": "graph device", "graph_step": "graph step", "eager_step": "eager step"}
@@ -344,7 +339,8 @@ def main(argv=None) -> int:
     if a.json:
         a.json.write_text(json.dumps({
             "card": first["card"], "device": a.device, "gpus_visible": available, "skipped_world_sizes": skipped,
-            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+            # the options that shape the measurement; not where this machine wrote its output
+            "config": {k: v for k, v in vars(a).items() if k != "json"},
             "scaling": scaling, "fixed": fixed, "ranks": {str(w): r for w, r in raw.items()}}, indent=1))
     return 0
 

@@ -14,7 +14,7 @@ import numpy as np
 from ._arrays import to_numpy
 from .contract import DEFAULT_TOPK
 from .prefill import absolute_ids
-from .reference import MAGNITUDE_TOLERANCE, TOLERANCE, RowScores, check_topk, row_scores, select_rows
+from .decode_reference import MAGNITUDE_TOLERANCE, TOLERANCE, RowScores, check_topk, row_scores, select_rows
 
 
 def key_ranges(ks, ke, num_keys: int) -> tuple[np.ndarray, np.ndarray]:

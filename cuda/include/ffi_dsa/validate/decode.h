@@ -1,16 +1,14 @@
-// One place that checks the operator's arguments for every caller (torch, JAX, TVM, numpy) and
-// every device. Caller mistakes raise ValueError/TypeError naming the argument; nothing is
-// launched or written before this returns.
+// The argument checks of decode, the paged top-k indexer (docs/contract.md), for every caller
+// (torch, JAX, TVM, numpy) and every device, on validate/common.h's helpers. The values only the
+// device sees (page ids, lengths) are not checked here; the kernels mask them.
 #pragma once
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 
 #include <cstdint>
-#include <sstream>
-#include <string>
-#include <vector>
 
 #include "ffi_dsa/contract.h"
+#include "ffi_dsa/validate/common.h"
 
 namespace ffi_dsa {
 
@@ -44,107 +42,13 @@ struct IndexerArgs : IndexerShape {
   }
 };
 
-// What validation needs to know of one argument. Built from a TensorView, or from a bare shape
-// and dtype for callers that have no buffer yet (JAX tracing), so both share every check.
-struct ArgMeta {
-  const char* name = "";
-  std::vector<int64_t> shape;
-  DLDataType dtype{};
-  DLDevice device{kDLCPU, 0};
-  bool contiguous = true;
-
-  int ndim() const { return static_cast<int>(shape.size()); }
-  int64_t size(int i) const { return shape[i]; }
-};
-
 // How messages name the arguments, in the op's order: the parameter names of ffi_dsa.call (and of
 // the torch, JAX and TVM entry points), which is what the caller typed; docs/contract.md's names for
 // q and k_cache follow in parentheses. ffi_dsa/_arrays.py ARG_NAMES holds the same strings.
 inline constexpr const char* kArgNames[6] = {"q (q_index_fp8)", "k_cache (k_index_cache_fp8)", "weights",
                                               "seq_lens", "block_table", "topk_indices"};
 
-inline ArgMeta MetaOf(const char* name, const tvm::ffi::TensorView& t) {
-  ArgMeta m;
-  m.name = name;
-  m.shape.assign(t.shape().begin(), t.shape().end());
-  m.dtype = t.dtype();
-  m.device = t.device();
-  m.contiguous = t.IsContiguous();
-  return m;
-}
-
 namespace detail {
-
-inline std::string DTypeName(DLDataType t) {
-  switch (t.code) {
-    case kDLInt: return "int" + std::to_string(t.bits);
-    case kDLUInt: return "uint" + std::to_string(t.bits);
-    case kDLFloat: return "float" + std::to_string(t.bits);
-    case kDLBfloat: return "bfloat" + std::to_string(t.bits);
-    case kDLFloat8_e4m3fn: return "float8_e4m3fn";
-    case kDLFloat8_e5m2: return "float8_e5m2";
-    default: return "dtype(code=" + std::to_string(t.code) + ", bits=" + std::to_string(t.bits) + ")";
-  }
-}
-
-inline std::string ShapeString(const ArgMeta& t) {
-  std::ostringstream os;
-  os << "[";
-  for (int i = 0; i < t.ndim(); ++i) os << (i ? ", " : "") << t.size(i);
-  os << "]";
-  return os.str();
-}
-
-inline bool IsByte(DLDataType t) {
-  return t.lanes == 1 && t.bits == 8 && (t.code == kDLInt || t.code == kDLUInt);
-}
-inline bool Is(DLDataType t, int code, int bits) {
-  return t.lanes == 1 && t.bits == bits && t.code == code;
-}
-
-inline void CheckRank(const ArgMeta& t, int rank, const char* layout) {
-  if (t.ndim() != rank) {
-    TVM_FFI_THROW(ValueError) << t.name << " must have rank " << rank << " " << layout << ", got shape "
-                              << ShapeString(t);
-  }
-}
-
-inline void CheckDim(const ArgMeta& t, int dim, int64_t expected, const char* what) {
-  if (t.size(dim) != expected) {
-    TVM_FFI_THROW(ValueError) << t.name << " dimension " << dim << " must be " << expected << " ("
-                              << what << "), got shape " << ShapeString(t);
-  }
-}
-
-inline void CheckDType(const ArgMeta& t, bool ok, const char* expected) {
-  if (!ok) TVM_FFI_THROW(TypeError) << t.name << " must be " << expected << ", got " << DTypeName(t.dtype);
-}
-
-inline void CheckPlacement(const ArgMeta& t, DLDevice device) {
-  if (t.device.device_type != device.device_type || t.device.device_id != device.device_id) {
-    TVM_FFI_THROW(ValueError) << t.name << " is on device (" << t.device.device_type << ", "
-                              << t.device.device_id << ") but q is on (" << device.device_type
-                              << ", " << device.device_id << "); every argument must be on one device";
-  }
-  if (!t.contiguous) {
-    TVM_FFI_THROW(ValueError) << t.name << " must be contiguous (row-major, no gaps); call "
-                              << ".contiguous() first";
-  }
-}
-
-template <typename T>
-T* DataAs(const tvm::ffi::TensorView& t) {
-  return reinterpret_cast<T*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
-}
-
-
-
-inline void CheckRankIn(const ArgMeta& t, int rank_a, const char* layout_a, int rank_b, const char* layout_b) {
-  if (t.ndim() != rank_a && t.ndim() != rank_b) {
-    TVM_FFI_THROW(ValueError) << t.name << " must have rank " << rank_a << " " << layout_a << " or rank " << rank_b
-                              << " " << layout_b << ", got shape " << ShapeString(t);
-  }
-}
 
 // An argument with one row per query token: [B, N, ...] (rank `split_rank`) or [B * N, ...].
 inline void CheckQueryRows(const ArgMeta& t, int split_rank, const IndexerShape& s, const char* rows_layout) {
@@ -168,8 +72,7 @@ inline IndexerShape CheckIndexerMeta(const ArgMeta& q, const ArgMeta& k_cache, c
                                      const ArgMeta& topk_indices) {
   using namespace detail;
   // dtypes first: they are the most common mistake and the clearest message.
-  CheckDType(q, Is(q.dtype, kDLFloat8_e4m3fn, 8) || IsByte(q.dtype),
-             "float8_e4m3fn (or a uint8/int8 view of the same bytes)");
+  CheckDType(q, IsFp8(q.dtype), kFp8Expected);
   CheckDType(k_cache, IsByte(k_cache.dtype), "int8 or uint8 (packed fp8 + scale bytes)");
   CheckDType(weights, Is(weights.dtype, kDLFloat, 32), "float32");
   CheckDType(seq_lens, Is(seq_lens.dtype, kDLInt, 32), "int32");
@@ -194,11 +97,7 @@ inline IndexerShape CheckIndexerMeta(const ArgMeta& q, const ArgMeta& k_cache, c
     }
     s.queries = static_cast<int32_t>(n);
   }
-  if (!SupportedHeads(q.size(head_axis))) {
-    TVM_FFI_THROW(ValueError) << q.name << " dimension " << head_axis << " (H, index heads) must be " << kNumHeads
-                              << " or " << kNumHeadsNarrow << ", got shape " << ShapeString(q);
-  }
-  s.heads = static_cast<int32_t>(q.size(head_axis));
+  s.heads = CheckHeads(q, head_axis);
   CheckDim(q, head_dim, kHeadDim, "head dim");
   CheckDim(k_cache, 1, kPageTokens, "tokens per page");
   CheckDim(k_cache, 2, 1, "the layout's single key head");
@@ -210,15 +109,8 @@ inline IndexerShape CheckIndexerMeta(const ArgMeta& q, const ArgMeta& k_cache, c
   s.per_query_lens = seq_lens.ndim() == 2;
   CheckDim(block_table, 0, s.batch, "B, from q");
   CheckQueryRows(topk_indices, 3, s, "B * N, query rows, from q");
-  s.topk = topk_indices.size(topk_indices.ndim() - 1);
-  if (s.topk > kMaxTopK) {
-    // The DPS caller made topk_indices; an allocating entry point's caller asked for topk.
-    TVM_FFI_THROW(ValueError) << "topk_indices has K=" << s.topk << " columns (topk=" << s.topk
-                              << " where the entry point allocates it); the kernel supports K <= " << kMaxTopK;
-  }
-  for (const ArgMeta* t : {&q, &k_cache, &weights, &seq_lens, &block_table, &topk_indices}) {
-    CheckPlacement(*t, q.device);
-  }
+  s.topk = CheckTopK(topk_indices);
+  CheckPlacements({&q, &k_cache, &weights, &seq_lens, &block_table, &topk_indices});
   return s;
 }
 
@@ -230,15 +122,10 @@ inline IndexerArgs CheckIndexerArgs(const tvm::ffi::TensorView& q, const tvm::ff
                                     const tvm::ffi::TensorView& topk_indices,
                                     DLDeviceType expected_device_type) {
   using detail::DataAs;
-  if (q.device().device_type != expected_device_type) {
-    TVM_FFI_THROW(ValueError) << kArgNames[0] << " is on device type " << q.device().device_type
-                              << " but this module serves device type " << expected_device_type;
-  }
+  const auto m = ServedArgMetas(kArgNames, {q, k_cache, weights, seq_lens, block_table, topk_indices},
+                                expected_device_type);
   IndexerArgs args;
-  static_cast<IndexerShape&>(args) =
-      CheckIndexerMeta(MetaOf(kArgNames[0], q), MetaOf(kArgNames[1], k_cache), MetaOf(kArgNames[2], weights),
-                       MetaOf(kArgNames[3], seq_lens), MetaOf(kArgNames[4], block_table),
-                       MetaOf(kArgNames[5], topk_indices));
+  static_cast<IndexerShape&>(args) = CheckIndexerMeta(m[0], m[1], m[2], m[3], m[4], m[5]);
   args.q = DataAs<const uint8_t>(q);
   args.k_cache = DataAs<const uint8_t>(k_cache);
   args.weights = DataAs<const float>(weights);

@@ -1,4 +1,4 @@
-// One call on the CUDA path: pick the schedule from shapes (sm90_schedule.h) and the knobs
+// One decode call on the sm90 path: pick the schedule from shapes (sm90_schedule.h) and the knobs
 // (tuning.h), then launch the kernels of impls/ on the caller's stream.
 #pragma once
 
@@ -12,52 +12,16 @@
 #include "ffi_dsa/impls/sm90_fused_rows.cuh"
 #include "ffi_dsa/impls/sm90_score_pages.cuh"
 #include "ffi_dsa/impls/sm90_select_rows.cuh"
-#include "ffi_dsa/launch/device_facts.h"
-#include "ffi_dsa/launch/tensor_maps.h"
+#include "ffi_dsa/launch/kernel_launch.cuh"
+#include "ffi_dsa/launch/sm90_decode_tensor_maps.h"
+#include "ffi_dsa/launch/sm90_device_facts.h"
+#include "ffi_dsa/launch/sm90_workspace_bytes.h"
 #include "ffi_dsa/launch/tuning.h"
 #include "ffi_dsa/launch/workspace.h"
 #include "ffi_dsa/sm90_schedule.h"
-#include "ffi_dsa/validate.h"
-#include "ffi_dsa/workspace_bytes.h"
+#include "ffi_dsa/validate/decode.h"
 
 namespace ffi_dsa::sm90 {
-
-// Launch settings with optional thread-block clusters (cluster > 0) and programmatic stream
-// serialization. With the latter a kernel's CTAs may be placed once every CTA of the stream's
-// previous kernel has run griddepcontrol.launch_dependents (or exited), and overlap its end: the
-// launch latency and the kernel's prologue (barrier init, descriptor and L2 prefetches) hide
-// behind it. Each kernel runs griddepcontrol.wait before it reads anything that kernel may have
-// written.
-class Launch {
- public:
-  Launch(unsigned grid, unsigned threads, size_t smem, cudaStream_t stream, int cluster, bool programmatic) {
-    config_.gridDim = dim3(grid);
-    config_.blockDim = dim3(threads);
-    config_.dynamicSmemBytes = smem;
-    config_.stream = stream;
-    if (cluster > 0) {
-      cudaLaunchAttribute& a = attrs_[config_.numAttrs++];
-      a.id = cudaLaunchAttributeClusterDimension;
-      a.val.clusterDim.x = static_cast<unsigned>(cluster);
-      a.val.clusterDim.y = 1;
-      a.val.clusterDim.z = 1;
-    }
-    if (programmatic) {
-      cudaLaunchAttribute& a = attrs_[config_.numAttrs++];
-      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      a.val.programmaticStreamSerializationAllowed = 1;
-    }
-    config_.attrs = attrs_;
-  }
-  template <typename... Params, typename... Args>
-  void Run(void (*kernel)(Params...), Args&&... args) {
-    TVM_FFI_CHECK_CUDA_ERROR(cudaLaunchKernelEx(&config_, kernel, std::forward<Args>(args)...));
-  }
-
- private:
-  cudaLaunchConfig_t config_{};
-  cudaLaunchAttribute attrs_[2];
-};
 
 // Whether FusedRowsKernel's CTA holds a row: its N queries' Q and N x the table's width of keys.
 template <int kHeads, int kQueries>

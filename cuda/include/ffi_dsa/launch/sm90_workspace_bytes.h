@@ -1,14 +1,15 @@
-// The scratch a CUDA call may take, as a formula of shapes alone: callers that must hand the op its
-// memory up front (XLA, through jax-tvm-ffi's workspace output) size it from here, and the launch
-// takes exactly this much, so the two cannot disagree. Plain C++: the CPU module exports it too,
-// because JAX asks at trace time, before any CUDA module is loaded.
+// The scratch a decode call on the sm90 kernels may take, as a formula of shapes alone: callers that
+// must hand the op its memory up front (XLA, through jax-tvm-ffi's workspace output) size it from
+// here (cuda_workspace.h, by arch), and the launch takes exactly this much, so the two cannot
+// disagree. Plain C++: the CPU module exports it too, because JAX asks at trace time, before any
+// CUDA module is loaded.
 #pragma once
 
 #include <cstdint>
 
 #include "ffi_dsa/contract.h"
 
-namespace ffi_dsa {
+namespace ffi_dsa::sm90 {
 
 // Every workspace allocation is a multiple of this (and XLA's carve-outs start on 128 B).
 constexpr int64_t kWorkspaceAlign = 256;
@@ -22,4 +23,4 @@ inline int64_t WorkspaceBytes(int64_t query_rows, int64_t max_pages) {
   return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
 }
 
-}  // namespace ffi_dsa
+}  // namespace ffi_dsa::sm90

@@ -1,8 +1,7 @@
 """torch on several devices: one call per rank with ``torch.distributed``, each rank on its own device.
 
-    python -m ffi_dsa.integration.torch_ranks [--world-size 2] [--device cpu|cuda] [--batch-sizes 8,7,1]
-                                              [--queries N] [--heads 64|32]
-    python integration/torch_ranks.py          # from a source checkout
+    python benchmarks/torch_ranks.py [--world-size 2] [--device cpu|cuda] [--batch-sizes 8,7,1]
+                                     [--queries N] [--heads 64|32]
 
 Data-parallel attention: every rank owns a contiguous slice of the decode batch (its rows' q,
 weights, seq_lens and block table) and reads the paged cache its block table points into, on its
@@ -16,7 +15,7 @@ the single-process call's bytes on the same device type. With N query tokens per
 Here every rank builds the same pool and takes its rows out of it; the all-gather to rank 0 exists
 only to check the result against the single-process call (a serving engine keeps each rank's ids
 on that rank, for its sparse attention). Backends: gloo on the CPU, NCCL on CUDA. The rows per
-second of this layout over 1, 2, 4 GPUs: integration/bench_torch_ranks.py.
+second of this layout over 1, 2, 4 GPUs: benchmarks/bench_torch_ranks.py.
 """
 
 from __future__ import annotations
@@ -31,13 +30,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-try:
-    import ffi_dsa
-except ImportError:  # run as a script from a source checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    import ffi_dsa
+import ffi_dsa
 
-from ffi_dsa.integration import torch_op  # noqa: F401  (registers torch.ops.dsa.*)
+import ffi_dsa.torch_ops  # noqa: F401  (registers torch.ops.dsa.*)
 from ffi_dsa.contract import DEFAULT_TOPK, NUM_HEADS
 from ffi_dsa.workloads import make_batch
 
