@@ -32,9 +32,10 @@ import time
 start = time.perf_counter()
 import torch
 import ffi_dsa
+from ffi_dsa.contract import DEFAULT_TOPK
 from ffi_dsa.workloads import make_batch
 args = make_batch([8192, 3000], seed=1).to_torch("cuda")
-out = torch.empty((2, ffi_dsa.contract.DEFAULT_TOPK), dtype=torch.int32, device="cuda")
+out = torch.empty((2, DEFAULT_TOPK), dtype=torch.int32, device="cuda")
 torch.cuda.synchronize()
 ready = time.perf_counter()
 ffi_dsa.call(*args, out)

@@ -31,9 +31,6 @@ from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import ffi_dsa  # noqa: E402
 from ffi_dsa.contract import DEFAULT_TOPK as TOPK  # noqa: E402
 from ffi_dsa.contract import NUM_HEADS, SUPPORTED_HEADS  # noqa: E402
@@ -116,7 +113,7 @@ def main(argv=None) -> int:
         versions[f"ffi_dsa (torch cpu) [{auto}]"] = (use_auto, lambda: ffi_dsa.call(*args_t, out_t),
                                                      lambda: out_t, False)
         if not a.no_naive:
-            from ffi_dsa.benchmarks.naive_torch import naive_topk_indexer
+            from naive_torch import naive_topk_indexer
 
             holder = {}
 

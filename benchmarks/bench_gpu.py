@@ -43,13 +43,10 @@ from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import torch  # noqa: E402
 
 import ffi_dsa  # noqa: E402
-from ffi_dsa.benchmarks.gpu_batches import TorchBatch, make_batch_torch, remap_ids  # noqa: E402
+from gpu_batches import TorchBatch, make_batch_torch, remap_ids  # noqa: E402
 from ffi_dsa.contract import DEFAULT_TOPK as TOPK  # noqa: E402
 from ffi_dsa.contract import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_TOKENS, TOKEN_BYTES  # noqa: E402
 from ffi_dsa.workloads import MODEL_TABLE_PAGES  # noqa: E402
@@ -58,8 +55,8 @@ MB = 1 << 20
 # The production chain measured on an H100 by the peer study, 2026-11-22: DeepGEMM 2.6.1
 # fp8_paged_mqa_logits (+ get_paged_mqa_logits_metadata) then FlashInfer 0.7.2
 # top_k_page_table_transform; CUDA-graph replay, inputs rotated over 256 MB, median us per call;
-# copy bandwidth 2.97-3.01 TB/s. Source: /work/shared/NOTES.md, "The production chain measured on
-# an H100 (2026-11-22)". These are reference values, not measured by this script.
+# copy bandwidth 2.97-3.01 TB/s (the project's shared notes, "The production chain measured on an
+# H100 (2026-11-22)"; docs/performance.md). These are reference values, not measured by this script.
 PEER_H100_2026_11_22 = {
     "W1": {"floor": 0.37, "deepgemm_logits": 4.0, "flashinfer_topk": 9.3, "chain_graph": 13.3, "chain_eager": 38.9, "naive": 101},
     "W2": {"floor": 5.76, "deepgemm_logits": 9.9, "flashinfer_topk": 17.0, "chain_graph": 27.3, "chain_eager": 88.6, "naive": 341},
@@ -445,7 +442,7 @@ def run_workload(name: str, spec: dict, a, clock: Clock, bandwidth: float, chain
         if need > 0.5 * free:
             r["naive_note"] = f"skipped: needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
         else:
-            from ffi_dsa.benchmarks.naive_torch import naive_topk_indexer
+            from naive_torch import naive_topk_indexer
 
             solo, _ = set0.compact(range(rot.batch))
             args = solo.args()

@@ -1,4 +1,4 @@
-"""Prefill on the GPU: time per call of ``ffi_dsa.prefill_topk_indexer`` over one causal prompt, as
+"""Prefill on the GPU: time per call of ``ffi_dsa.prefill_call`` over one causal prompt, as
 the chain kit chunks it (rows [r0, r1) of a P-token prompt see keys [0, i + 1)), and the rate in
 causal FLOPs (2 x H x 128 per (row, key) pair a row sees) per second.
 
@@ -18,9 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
@@ -48,7 +45,7 @@ def prompt_tensors(prompt: int, seed: int = 5):
 
 def call_chunk(t, out, a: int, b: int) -> None:
     q, k, k_scale, w, ks, ke = t
-    ffi_dsa.prefill_topk_indexer(q[a:b], k[:b], k_scale[:b], w[a:b], ks[a:b], ke[a:b], out[a:b])
+    ffi_dsa.prefill_call(q[a:b], k[:b], k_scale[:b], w[a:b], ks[a:b], ke[a:b], out[a:b])
 
 
 def time_prompt(prompt: int, chunk_rows: int, calls: int, reps: int) -> dict:

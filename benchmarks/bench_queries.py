@@ -29,15 +29,12 @@ import time
 import zlib
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import torch  # noqa: E402
 
 import ffi_dsa  # noqa: E402
-from ffi_dsa.benchmarks.bench_gpu import (  # noqa: E402
+from bench_gpu import (  # noqa: E402
     MB, Clock, check_result, check_rows, copy_bandwidth, in_graph_us, rotating_sets, workloads)
-from ffi_dsa.benchmarks.gpu_batches import TorchBatch  # noqa: E402
+from gpu_batches import TorchBatch  # noqa: E402
 from ffi_dsa.contract import DEFAULT_TOPK as TOPK  # noqa: E402
 from ffi_dsa.contract import NUM_HEADS_NARROW  # noqa: E402
 

@@ -5,6 +5,7 @@
 #                                                                                             (default: all)
 #
 #   build     import ffi_dsa, force the CUDA module build, print ptxas resource usage (-Xptxas -v)
+#             of each arch's translation units (cuda/csrc/sm_*/)
 #   test      python3 -m pytest -q -x tests                      -> $OUT/pytest.log
 #   sanitize  compute-sanitizer memcheck / racecheck / synccheck over benchmarks/sanitize_cases.py
 #                                                                -> $OUT/sanitize.log
@@ -50,7 +51,6 @@ mkdir -p "$OUT" "$FFI_DSA_CACHE_DIR"
 
 python3 -c "import tvm_ffi" 2>/dev/null || { echo "device_run: tvm_ffi is not importable; carry its wheel in .whl/"; exit 1; }
 
-GENCODE="-gencode=arch=compute_90a,code=sm_90a"
 FAILED=()
 SUMMARY=()
 
@@ -91,18 +91,20 @@ EOF
 }
 
 step_build() {
-  local tvm_inc dl_inc rc src
+  local tvm_inc dl_inc rc src pids=()
   tvm_inc=$(python3 -c 'import tvm_ffi.libinfo as l; print(l.find_include_path())')
   dl_inc=$(python3 -c 'import tvm_ffi.libinfo as l; print(l.find_dlpack_include_path())')
-  src=cuda/csrc/cuda_binding.cu
-  # ptxas resource usage, compiled beside the package's own build (same flags, plus -Xptxas -v)
-  if [ -f "$src" ]; then
-    ( "$CUDA_HOME/bin/nvcc" -std=c++17 -O3 -lineinfo $GENCODE -Xptxas -v -c -o /dev/null "$src" \
-        -I cuda/include -I "$tvm_inc" -I "$dl_inc" >"$OUT/build.log" 2>&1; echo "nvcc exit $?" >>"$OUT/build.log" ) &
-    local ptxas_pid=$!
-  else
-    echo "build: $src does not exist (yet)"
-  fi
+  # ptxas resource usage of every arch's translation units (cuda/csrc/sm_*/), compiled beside the
+  # package's own build (same flags, that arch's -gencode, plus -Xptxas -v), in parallel
+  : >"$OUT/build.log"
+  for src in cuda/csrc/sm_*/*.cu; do
+    arch=$(basename "$(dirname "$src")")
+    ( "$CUDA_HOME/bin/nvcc" -std=c++17 -O3 -lineinfo "-gencode=arch=compute_${arch#sm_},code=$arch" -Xptxas -v \
+        -c -o /dev/null "$src" \
+        -I cuda/include -I "$tvm_inc" -I "$dl_inc" >"$OUT/build_${arch}_$(basename "$src").log" 2>&1
+      echo "nvcc $src exit $?" >>"$OUT/build_${arch}_$(basename "$src").log" ) &
+    pids+=($!)
+  done
   python3 - <<'EOF'
 import time
 start = time.perf_counter()
@@ -116,15 +118,14 @@ _ffi_api.cuda_module()
 print(f"both modules load ({time.perf_counter() - start:.1f} s)")
 EOF
   rc=$?
-  if [ -n "${ptxas_pid:-}" ]; then
-    wait "$ptxas_pid"
-    echo "---- ptxas resource usage (nvcc -Xptxas -v, full log in \$OUT/build.log) ----"
-    local filt=cat
-    command -v c++filt >/dev/null 2>&1 && filt=c++filt
-    grep -E "Compiling entry|Used [0-9]+ registers|spill|nvcc exit|error" "$OUT/build.log" \
-      | sed -E "s/Compiling entry function '([^']+)'.*/kernel \1/" | $filt | head -60
-    grep -q "nvcc exit 0" "$OUT/build.log" || rc=1
-  fi
+  wait "${pids[@]}"
+  cat "$OUT"/build_*.cu.log >>"$OUT/build.log" && rm -f "$OUT"/build_*.cu.log
+  echo "---- ptxas resource usage (nvcc -Xptxas -v, full log in \$OUT/build.log) ----"
+  local filt=cat
+  command -v c++filt >/dev/null 2>&1 && filt=c++filt
+  grep -E "Compiling entry|Used [0-9]+ registers|spill|nvcc .* exit|error" "$OUT/build.log" \
+    | sed -E "s/Compiling entry function '([^']+)'.*/kernel \1/" | $filt | head -60
+  if grep -E "nvcc .* exit [1-9]" "$OUT/build.log"; then rc=1; fi
   return $rc
 }
 
@@ -239,17 +240,17 @@ step_sharded() {
       || rc=1
   set +o pipefail
   for n in 1 2; do
-    python3 -m ffi_dsa.integration.bench_sharded_jax --platform gpu --queries $n \
+    python3 benchmarks/bench_sharded_jax.py --platform gpu --queries $n \
         ${SHARDED_JAX_ARGS:-} --json "$OUT/sharded_jax_n$n.json" 2>&1 | grep -v Warning || rc=1
   done
   for n in 1 2; do
-    python3 -m ffi_dsa.integration.bench_jax_processes --platform gpu --processes ${JAX_PROCESSES:-1,2} \
+    python3 benchmarks/bench_jax_processes.py --platform gpu --processes ${JAX_PROCESSES:-1,2} \
         --queries $n ${JAX_PROCESSES_ARGS:-} --json "$OUT/sharded_jax_processes_n$n.json" 2>&1 || rc=1
   done
-  XLA_FLAGS=--xla_gpu_enable_command_buffer= python3 -m ffi_dsa.integration.bench_sharded_jax --platform gpu \
+  XLA_FLAGS=--xla_gpu_enable_command_buffer= python3 benchmarks/bench_sharded_jax.py --platform gpu \
       --split-batch 0 --timeline ${SHARDED_JAX_ARGS:-} --json "$OUT/sharded_jax_n1_no_command_buffers.json" 2>&1 \
       | grep -v Warning || rc=1
-  python3 -m ffi_dsa.integration.bench_torch_ranks --world-sizes 1,2,4 --queries 1,2 --fixed-batch 128 \
+  python3 benchmarks/bench_torch_ranks.py --world-sizes 1,2,4 --queries 1,2 --fixed-batch 128 \
       ${SHARDED_TORCH_ARGS:-} --json "$OUT/sharded_torch.json" 2>&1 || rc=1
   return $rc
 }

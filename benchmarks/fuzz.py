@@ -18,7 +18,7 @@ unit scales), decoded once, so a call costs only its own tokens' reference score
 gathered once for all its queries). The summary counts tokens scored: each query row's visible
 prefix.
 
-    python -m ffi_dsa.benchmarks.fuzz --device cuda --calls 10000      (benchmarks/fuzz.py in a checkout)
+    python benchmarks/fuzz.py --device cuda --calls 10000
 
 ``--prefill`` fuzzes the prefill op instead (docs/contract.md, prefill; CPU or CUDA): a
 chunk of 0-4 requests of random and edge lengths, each with some of its last tokens as causal query
@@ -26,7 +26,7 @@ rows, keys gathered back to back with spare keys after them, H 64 or 32, K, orde
 ("relative"/"absolute") drawn per call, ks/ke entries the kernel must clamp (ks < 0, ke > N, ks >= ke),
 special scales and NaN weights, exact data about half the time, as above.
 
-    python -m ffi_dsa.benchmarks.fuzz --device cuda --prefill --calls 2000
+    python benchmarks/fuzz.py --device cuda --prefill --calls 2000
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import os
 import sys
 import time
 import warnings
-from pathlib import Path
 
 # One BLAS thread per checking process: the checks run in as many processes as there are cores,
 # and numpy's threads on top of them oversubscribed the device host (~10 calls/s over 16 cores).
@@ -45,13 +44,10 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import ffi_dsa  # noqa: E402
 from ffi_dsa.contract import HEAD_DIM, MAX_QUERIES, PAGE_FP8_BYTES, PAGE_TOKENS, SUPPORTED_HEADS  # noqa: E402
 from ffi_dsa.kv_cache import pack_k_cache, unpack_k_cache  # noqa: E402
-from ffi_dsa.reference import RowScores, row_scores, select_rows, visible_lengths  # noqa: E402
+from ffi_dsa.decode_reference import RowScores, row_scores, select_rows, visible_lengths  # noqa: E402
 from ffi_dsa.workloads import MODEL_TABLE_PAGES  # noqa: E402
 
 POOL_PAGES = 4096  # 262K tokens per pool: rows draw distinct pages from it
@@ -395,13 +391,13 @@ def run_prefill_call(device: str, args, topk: int, sorted_: bool, ids: str) -> n
     """One call on `device` into a poisoned output; host int32 [M, topk]."""
     out = np.full((len(args[0]), topk), Runner.SENTINEL, np.int32)
     if device == "cpu":
-        ffi_dsa.prefill_topk_indexer(*args, out, sorted=sorted_, ids=ids)
+        ffi_dsa.prefill_call(*args, out, sorted=sorted_, ids=ids)
         return out
     import torch
 
     on_device = [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in args]
     result = torch.from_numpy(out).to(device)
-    ffi_dsa.prefill_topk_indexer(*on_device, result, sorted=sorted_, ids=ids)
+    ffi_dsa.prefill_call(*on_device, result, sorted=sorted_, ids=ids)
     return result.cpu().numpy()
 
 

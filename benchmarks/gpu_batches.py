@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ffi_dsa._arrays import output_shape
+from ffi_dsa.decode import output_shape
 from ffi_dsa.contract import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_FP8_BYTES, PAGE_TOKENS, TOKEN_BYTES
 from ffi_dsa.kv_cache import pack_k_cache
 from ffi_dsa.workloads import page_layout

@@ -24,12 +24,8 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ffi_dsa  # noqa: E402
 from bench_gpu import Clock  # noqa: E402
@@ -60,7 +56,7 @@ def main() -> int:
     cuda = a.device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    fn = _ffi_api.topk_indexer_for(a.device)
+    fn = _ffi_api.kernel_for("topk_indexer", a.device)
     probes: dict[str, object] = {}
     x = torch.zeros(16, device=a.device)
     probes["torch x.add_(1)"] = lambda: x.add_(1)

@@ -23,9 +23,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 KERNELS = "regex:ScorePagesKernel|SelectRowsKernel|FusedRowsKernel"
 METRICS = {
     "gpu__time_duration.sum": "ns",

@@ -18,12 +18,8 @@ import json
 import statistics
 import sys
 import tempfile
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ffi_dsa  # noqa: E402
 from bench_gpu import Clock, _clock_hz, capture_graphs, rotating_sets, workloads  # noqa: E402

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ffi_dsa.contract import DEFAULT_TOPK, HEAD_DIM, PAGE_FP8_BYTES, PAGE_TOKENS
-from ffi_dsa.reference import visible_lengths
+from ffi_dsa.decode_reference import visible_lengths
 
 
 def naive_topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK):

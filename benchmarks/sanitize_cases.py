@@ -18,12 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ffi_dsa  # noqa: E402
 from ffi_dsa.contract import DEFAULT_TOPK as TOPK  # noqa: E402
@@ -104,10 +100,10 @@ def run_prefill_case(device: str, batch, topk: int, sorted_: bool) -> list[str]:
         import torch
 
         result = torch.from_numpy(out).to("cuda")
-        ffi_dsa.prefill_topk_indexer(*batch.to_torch("cuda"), result, sorted=sorted_)
+        ffi_dsa.prefill_call(*batch.to_torch("cuda"), result, sorted=sorted_)
         out = result.cpu().numpy()
     else:
-        ffi_dsa.prefill_topk_indexer(*batch.args(), out, sorted=sorted_)
+        ffi_dsa.prefill_call(*batch.args(), out, sorted=sorted_)
     return ffi_dsa.check_prefill_topk(out, *batch.args(), sorted=sorted_)
 
 

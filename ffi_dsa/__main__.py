@@ -1,32 +1,41 @@
 """Command line: ``python -m ffi_dsa {demo,bench,info} ...`` (also installed as ``ffi-dsa``).
 
   demo   run one realistic decode batch on the best device present, time it, check it
-  bench  the benchmarks (ffi_dsa.benchmarks.bench_cpu / bench_gpu; they need torch, and matplotlib
-         for bench_gpu's plot: ``pip install "ffi-dsa[bench]"``); options after ``bench`` (other than
-         --device) go to that benchmark: ``bench --device cpu --help``
+  bench  the benchmarks (benchmarks/bench_cpu.py / bench_gpu.py, which an installed package carries;
+         they need torch, and matplotlib for bench_gpu's plot: ``pip install "ffi-dsa[bench]"``);
+         options after ``bench`` (other than --device) go to that benchmark: ``bench --device cpu --help``
   info   which native modules this installation uses (installed or JIT-built) and what they target
 """
 
 # `--help` and `info` import neither tvm_ffi nor torch (tvm_ffi imports torch when it is installed,
-# most of the time a command takes to start): this module and ffi_dsa.demo import them only in the
-# commands that run the op.
+# most of the time a command takes to start): `import ffi_dsa` loads nothing native, and this module
+# and ffi_dsa.demo import the API only in the commands that run the op.
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
+import subprocess
 import sys
+from pathlib import Path
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def _import_benchmark(module: str):
-    try:
-        return importlib.import_module(f"ffi_dsa.benchmarks.{module}")
-    except ImportError as err:
-        if err.name in ("torch", "matplotlib"):
-            raise SystemExit(f"ffi_dsa bench: the benchmark {module} needs {err.name}, which is not installed: "
-                             'pip install "ffi-dsa[bench]" (or torch / matplotlib yourself)') from None
-        raise
+def benchmarks_dir() -> Path:
+    """The benchmark scripts: inside an installed package, or the repository's benchmarks/ folder
+    (found as _build.native_dir() finds the sources)."""
+    for candidate in (_PACKAGE_DIR / "benchmarks", _PACKAGE_DIR.parent / "benchmarks"):
+        if (candidate / "bench_cpu.py").is_file():
+            return candidate
+    raise SystemExit(f"ffi_dsa bench: the benchmarks are not next to {_PACKAGE_DIR} (neither benchmarks/ inside "
+                     "the package nor beside it); reinstall the package")
+
+
+def _run_benchmark(script: str, argv: list[str]) -> int:
+    """Runs benchmarks/`script` as a script (a process of its own, its folder first on sys.path) in
+    this interpreter, so it imports the ffi_dsa this command runs."""
+    return subprocess.run([sys.executable, str(benchmarks_dir() / script), *argv]).returncode
 
 
 def _info() -> int:
@@ -44,18 +53,6 @@ def _info() -> int:
             report["cuda_module"] = f"unavailable: {err}"
     print(json.dumps(report, indent=2))
     return 0
-
-
-def _load_package() -> None:
-    """What `import ffi_dsa` loads outside this command, for the commands that run the op: the API,
-    and torch.ops.dsa.* where torch is importable (the benchmarks call them)."""
-    from . import api  # noqa: F401
-
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return
-    from .integration import torch_op  # noqa: F401
 
 
 def _cuda_present() -> bool:
@@ -81,7 +78,7 @@ def main(argv=None) -> int:
     bench_parser = sub.add_parser("bench", help="benchmarks (CPU: vs naive torch; CUDA: vs floor and peers)",
                                   add_help=False)
     bench_parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                              help="cpu -> ffi_dsa.benchmarks.bench_cpu, cuda -> ffi_dsa.benchmarks.bench_gpu "
+                              help="cpu -> benchmarks/bench_cpu.py, cuda -> benchmarks/bench_gpu.py "
                                    "(default: cuda when torch sees a GPU)")
     sub.add_parser("info", help="which native modules are used, and what they target")
 
@@ -90,15 +87,13 @@ def main(argv=None) -> int:
         return _info()
     if args.command == "demo" and rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    _load_package()
     if args.command == "demo":
         return demo.run(args.device, args.seed, args.rows, args.max_len, args.warmup, args.runs, args.sorted)
 
     device = args.device
     if device == "auto":
         device = "cuda" if _cuda_present() else "cpu"
-    module = _import_benchmark("bench_gpu" if device == "cuda" else "bench_cpu")
-    return int(module.main(rest) or 0)
+    return _run_benchmark("bench_gpu.py" if device == "cuda" else "bench_cpu.py", rest)
 
 
 if __name__ == "__main__":

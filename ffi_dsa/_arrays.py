@@ -7,23 +7,6 @@ import numpy as np
 # DLPack device types (dlpack.h)
 DL_CPU, DL_CUDA = 1, 2
 
-# How messages name the op's tensor arguments, in order: ffi_dsa.call's parameter names (what the
-# caller typed), docs/contract.md's names for q and k_cache in parentheses; the same strings as
-# kArgNames of the C++ checks (cuda/include/ffi_dsa/validate.h).
-ARG_NAMES = ("q (q_index_fp8)", "k_cache (k_index_cache_fp8)", "weights", "seq_lens", "block_table", "topk_indices")
-
-
-def output_shape(q_shape, topk) -> tuple:
-    """The shape of the output an allocating caller makes for a q of shape `q_shape`
-    (docs/contract.md §7): ``[B, N, K]`` for a rank-4 q ``[B, N, H, 128]``, else ``[B, K]``.
-    Dimensions may be symbolic (torch SymInts, TVM PrimExprs). A q of any other rank still gets a
-    shape, so that the C++ check, not this, names the mistake."""
-    rank = len(q_shape)
-    if rank == 4:
-        return (q_shape[0], q_shape[1], topk)
-    return (q_shape[0] if rank else 0, topk)
-
-
 def framework(x) -> str:
     module = type(x).__module__
     if module.startswith("torch"):
@@ -39,8 +22,8 @@ def device_type(x) -> str:
     """'cpu' or 'cuda' (anything else raises), read through DLPack so every framework works."""
     if isinstance(x, np.ndarray):
         return "cpu"
-    # torch first through its C properties: torch's __dlpack_device__ is Python code that cost
-    # ~1.7 us of every eager call (other devices fall through to the DLPack answer below).
+    # torch first through its C properties: torch's __dlpack_device__ is Python code, a large share
+    # of an eager call's host time (other devices fall through to the DLPack answer below).
     if type(x).__module__.startswith("torch") and hasattr(x, "is_cuda"):
         if x.is_cuda:
             return "cuda"
@@ -71,7 +54,7 @@ def check_tensor(x, name: str) -> None:
                          "tensors (torch.ops.dsa.* give meta tensors their fake result)")
 
 
-def named_argument_error(err: Exception, args, names=ARG_NAMES) -> Exception:
+def named_argument_error(err: Exception, args, names) -> Exception:
     """The error to raise for `err`, caught around a call of the native function with the op's
     tensor arguments `args` (called `names`): the first argument that is no tensor, named; else
     `err` itself (tvm-ffi reports a mistyped argument by its position only)."""
@@ -90,8 +73,9 @@ def as_dlpack_ready(x, name: str, fp8_ok: bool = False, output: bool = False):
     float8 (another fp8 format, or fp8 where the op wants something else) is a dtype error. A JAX
     output is refused here: DLPack would let the kernel write into an immutable array."""
     if output and framework(x) == "jax":
-        raise TypeError(f"{name} is a JAX array, which is immutable: call ffi_dsa.topk_indexer (it returns a new "
-                        "JAX array) instead of writing into one")
+        raise TypeError(f"{name} is a JAX array, which is immutable: call the allocating entry point "
+                        "(ffi_dsa.topk_indexer, ffi_dsa.prefill_topk_indexer: it returns a new JAX array) instead "
+                        "of writing into one")
     if isinstance(x, np.ndarray) and x.dtype.name.startswith("float8"):
         if fp8_ok and x.dtype.name == "float8_e4m3fn":
             return x.view(np.uint8)
@@ -103,6 +87,22 @@ def as_dlpack_ready(x, name: str, fp8_ok: bool = False, output: bool = False):
             raise ValueError(f"{name} is a read-only numpy array; the op writes into it")
         return x.copy()  # inputs only: a host copy, on the CPU development path
     return x
+
+
+# Array types DLPack exports as they are, which as_dlpack_ready passes through (torch tensors), learned
+# on first sight: a call whose arguments are all of these skips the per-argument checks.
+_AS_THEY_ARE: set[type] = set()
+
+
+def all_dlpack_ready(args, names, fp8_args) -> list:
+    """as_dlpack_ready on every argument of an op (`names`, in order; `fp8_args`: the positions that
+    may be fp8; the last one is the output)."""
+    if _AS_THEY_ARE.issuperset(map(type, args)):
+        return args
+    last = len(args) - 1
+    ready = [as_dlpack_ready(x, names[i], fp8_ok=i in fp8_args, output=i == last) for i, x in enumerate(args)]
+    _AS_THEY_ARE.update(type(x) for x in args if type(x).__module__.startswith("torch") and hasattr(x, "__dlpack__"))
+    return ready
 
 
 def to_numpy(x) -> np.ndarray:
@@ -131,5 +131,7 @@ def empty_like_framework(x, shape: tuple[int, ...], dtype: str = "int32"):
     if fw == "numpy":
         return np.empty(shape, dtype=dtype)
     if fw == "jax":
-        raise TypeError("use ffi_dsa.integration.jax_ffi.topk_indexer for JAX arrays (they are immutable)")
-    raise TypeError(f"cannot allocate an output for {type(x).__name__}; use ffi_dsa.call with your own buffer")
+        raise TypeError("JAX arrays are immutable: use the allocating entry points (ffi_dsa.topk_indexer, "
+                        "ffi_dsa.prefill_topk_indexer), which return a new one")
+    raise TypeError(f"cannot allocate an output for {type(x).__name__}; use the DPS entry point "
+                    "(ffi_dsa.call, ffi_dsa.prefill_call) with your own buffer")

@@ -1,7 +1,8 @@
 """Where the native modules come from: the ones built at install time, else a JIT build.
 
 ``pip install`` compiles the modules with CMake (CMakeLists.txt) into ``ffi_dsa/lib``: the CPU module
-always (``-march=x86-64-v3``), the CUDA module when nvcc was found (sm_90a, static cudart);
+always (``-march=x86-64-v3``), the CUDA module when nvcc was found (every arch of ``cuda/csrc/sm_*/``,
+static cudart);
 ``lib/native.json`` says what is there. Without a fitting prebuilt module (a source checkout, a wheel
 built without nvcc, a GPU of an arch the wheel holds no code for) the sources are compiled on first
 use through tvm-ffi's JIT build: one line on stderr says so, and the result is cached by a hash of
@@ -160,29 +161,36 @@ def _ninja_on_path() -> None:
 
 
 def build(name: str, sources: list[str], *, headers: list[str], cflags: list[str],
-          cuda_cflags: list[str] | None = None, ldflags: list[str] | None = None,
-          cuda_arch_list: str | None = None, reason: str = "JIT build", cache_dir: Path | None = None) -> str:
+          cuda_cflags: list[str] | None = None, ldflags: list[str] | None = None, objects: list[str] | None = None,
+          include_paths: list[str] | None = None, cuda_arch_list: str | None = None, output: str | None = None,
+          reason: str = "JIT build", cache_dir: Path | None = None) -> str:
     """JIT-build (or reuse from the cache) module `name` from `sources`; `headers` are the globs
     (relative to native_dir()) of what they include, so an edit to a CUDA header does not rebuild
-    the CPU module. `cuda_arch_list` is tvm-ffi's TVM_FFI_CUDA_ARCH_LIST ("9.0a"); `cache_dir`
-    replaces cache_root()."""
+    the CPU module. `objects` are objects built before (by this function: their folder names hold
+    their keys) linked in; `cuda_arch_list` is tvm-ffi's TVM_FFI_CUDA_ARCH_LIST ("9.0a"); `output`
+    an object file name builds that object instead of a module; `cache_dir` replaces cache_root()."""
     root = native_dir()
     cuda_cflags = list(cuda_cflags or [])
     ldflags = list(ldflags or [])
+    objects = list(objects or [])
+    include_paths = [str(root / "include"), *(include_paths or [])]
     files = sorted({p for pattern in headers for p in root.glob(pattern) if p.is_file()} | {root / s for s in sources})
     has_cuda = any(s.endswith(".cu") for s in sources)
     tools = [_tool_version([os.environ.get("CXX", "c++"), "--version"])]
     if has_cuda:
         tools.append(_tool_version([str(Path(cuda_home()) / "bin" / "nvcc"), "--version"]))
-    key = _source_hash(files, [*sources, *cflags, *cuda_cflags, *ldflags, cuda_arch_list or ""], tools)
+    key = _source_hash(files, [*sources, *cflags, *cuda_cflags, *ldflags, *include_paths, cuda_arch_list or "",
+                               output or "", *(Path(o).parent.name for o in objects)], tools)
     build_dir = (cache_dir or cache_root()) / f"{name}_{key}"
-    library = build_dir / f"{name}.so"
+    library = build_dir / (output or f"{name}.so")
     if library.is_file():
         return str(library)
     with _build_lock(build_dir):
         if library.is_file():  # another process built it while this one waited
             return str(library)
-        return _build_locked(name, sources, root, build_dir, cflags, cuda_cflags, ldflags,
+        return _build_locked(name, [str(root / s) for s in sources] + objects, build_dir,
+                             dict(extra_cflags=cflags, extra_cuda_cflags=cuda_cflags, extra_ldflags=ldflags,
+                                  extra_include_paths=include_paths, output=output),
                              cuda_arch_list if has_cuda else None, reason)
 
 
@@ -208,12 +216,13 @@ def _build_lock(build_dir: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _build_locked(name, sources, root, build_dir, cflags, cuda_cflags, ldflags, cuda_arch_list, reason) -> str:
-    """The build itself (build() holds the lock); `cuda_arch_list` is None for a module without CUDA."""
+def _build_locked(name, sources, build_dir, options, cuda_arch_list, reason) -> str:
+    """The build itself (build() holds the lock): tvm-ffi's build of `sources` with `options`;
+    `cuda_arch_list` is None for a build without CUDA sources."""
     import tvm_ffi.cpp
 
     _ninja_on_path()
-    print(f"ffi_dsa: building {name} ({reason}; cached in {build_dir}) ...",
+    print(f"ffi_dsa: building {options['output'] or name} ({reason}; cached in {build_dir}) ...",
           file=sys.stderr, flush=True)
     start = time.perf_counter()
     env_backup = {k: os.environ.get(k) for k in ("CUDA_HOME", "TVM_FFI_CUDA_ARCH_LIST")}
@@ -221,16 +230,7 @@ def _build_locked(name, sources, root, build_dir, cflags, cuda_cflags, ldflags, 
         if cuda_arch_list is not None:
             os.environ["CUDA_HOME"] = cuda_home()
             os.environ["TVM_FFI_CUDA_ARCH_LIST"] = cuda_arch_list
-        path = tvm_ffi.cpp.build(
-            name=name,
-            cpp_files=[str(root / s) for s in sources if not s.endswith(".cu")] or None,
-            cuda_files=[str(root / s) for s in sources if s.endswith(".cu")] or None,
-            extra_cflags=cflags,
-            extra_cuda_cflags=cuda_cflags,
-            extra_ldflags=ldflags,
-            extra_include_paths=[str(root / "include")],
-            build_directory=str(build_dir),
-        )
+        path = tvm_ffi.cpp.build(name=name, sources=sources, build_directory=str(build_dir), **options)
     except Exception as err:
         raise NativeBuildError(f"ffi_dsa: the JIT build of {name} in {build_dir} failed: {err}") from err
     finally:
@@ -239,7 +239,8 @@ def _build_locked(name, sources, root, build_dir, cflags, cuda_cflags, ldflags, 
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    print(f"ffi_dsa: built {name} in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    print(f"ffi_dsa: built {options['output'] or name} in {time.perf_counter() - start:.1f} s", file=sys.stderr,
+          flush=True)
     return path
 
 
@@ -251,7 +252,9 @@ JIT_CPU_FLAGS = ["-O3", "-ffp-contract=fast", "-fno-math-errno", "-pthread"]
 
 
 def jit_cpu_library(reason: str = "JIT build", cache_dir: Path | None = None) -> str:
-    return build("ffi_dsa_cpu", ["csrc/cpu_binding.cc"], headers=["include/ffi_dsa/*.h", "include/ffi_dsa/cpu/*.h"],
+    return build("ffi_dsa_cpu", ["csrc/cpu_binding.cc"],
+                 headers=["include/ffi_dsa/*.h", "include/ffi_dsa/cpu/*.h", "include/ffi_dsa/validate/*.h",
+                          "include/ffi_dsa/launch/*_workspace_bytes.h"],
                  cflags=JIT_CPU_FLAGS, ldflags=["-pthread"], reason=reason, cache_dir=cache_dir)
 
 
@@ -261,38 +264,64 @@ def cpu_library() -> str:
     return str(installed) if installed else jit_cpu_library(f"no installed CPU module in {LIB_DIR}")
 
 
-def jit_cuda_library(arch_list: str, reason: str = "JIT build") -> str:
+# ---- the CUDA module: an arch-neutral binding and, per arch, that arch's translation units ------
+
+def source_archs() -> list[str]:
+    """The CUDA archs the sources hold kernels for, as nvcc names them: one folder of translation
+    units each (cuda/csrc/sm_90a/), compiled with that arch's flags alone."""
+    return sorted(p.name for p in (native_dir() / "csrc").glob("sm_*") if p.is_dir())
+
+
+def arch_capability(arch: str) -> tuple[int, int]:
+    """The compute capability arch-specific code for `arch` ('sm_90a') runs on: (9, 0)."""
+    m = re.fullmatch(r"sm_(\d+)(\d)[af]?", arch)
+    if not m:
+        raise ValueError(f"not a CUDA arch name: {arch!r}")
+    return int(m[1]), int(m[2])
+
+
+_JIT_CUDA_FLAGS = ["-O3", "-std=c++17", "-lineinfo"]
+_HOST_HEADERS = ["include/ffi_dsa/*.h", "include/ffi_dsa/validate/*.h", "include/ffi_dsa/launch/*"]
+
+
+def jit_cuda_library(archs: list[str], reason: str = "JIT build") -> str:
+    """The CUDA module for `archs`: each arch's translation units into one object (compiled in
+    parallel by ninja), then the binding linked with them, as CMakeLists.txt builds it."""
     home = cuda_home()
+    objects = []
+    for arch in archs:
+        major, minor = arch_capability(arch)
+        suffix = arch[len(f"sm_{major}{minor}"):]
+        objects.append(build(
+            f"ffi_dsa_cuda_{arch}",
+            sorted(str(p.relative_to(native_dir())) for p in (native_dir() / "csrc" / arch).glob("*.c[cu]")),
+            headers=[*_HOST_HEADERS, "include/ffi_dsa/impls/*.cuh"],
+            cflags=["-O3"], cuda_cflags=_JIT_CUDA_FLAGS, cuda_arch_list=f"{major}.{minor}{suffix}",
+            output=f"ffi_dsa_cuda_{arch}.o", reason=reason))
     return build(
-        "ffi_dsa_cuda",
-        sorted(str(p.relative_to(native_dir())) for p in (native_dir() / "csrc").glob("*.cu")),
-        headers=["include/ffi_dsa/*.h", "include/ffi_dsa/impls/*.cuh", "include/ffi_dsa/launch/*"],
-        cflags=["-O3"],
-        cuda_cflags=["-O3", "-std=c++17", "-lineinfo"],
+        "ffi_dsa_cuda", ["csrc/cuda_binding.cc"], headers=_HOST_HEADERS, objects=objects,
+        cflags=["-O3", *(f"-DFFI_DSA_ARCH_{arch.upper()}" for arch in archs)],
+        include_paths=[f"{home}/include"],
         # libcudart is found where torch or JAX already loaded it, else in the toolkit.
-        ldflags=[f"-Wl,-rpath,{home}/lib64"],
-        cuda_arch_list=arch_list,
+        ldflags=[f"-L{home}/lib64", "-lcudart", f"-Wl,-rpath,{home}/lib64"],
         reason=reason,
     )
 
 
-# The CUDA sources hold Hopper kernels only (wgmma, TMA: arch-specific sm_90a code; tvm-ffi's own
-# arch detection would pick sm_90, where wgmma does not assemble). A GPU of another capability gets
-# the CUDA module's own "needs a Hopper GPU" error at its first call, with or without a JIT build.
-SOURCE_ARCH_LIST, SOURCE_CAPABILITY = "9.0a", (9, 0)
-
-
 def cuda_library() -> str:
-    """The CUDA module to load: the installed one unless it holds no code for a Hopper GPU present,
-    else a JIT build; NativeBuildError, saying what is missing, when neither can be had."""
+    """The CUDA module to load: the installed one unless a GPU present that the sources hold kernels
+    for has no code in it, else a JIT build (for the archs of the GPUs present, or every arch the
+    sources hold when the driver shows none); NativeBuildError, saying what is missing, when neither
+    can be had."""
     installed = prebuilt("cuda")
-    archs = (manifest().get("cuda") or {}).get("archs", [])
-    hopper_uncovered = (SOURCE_CAPABILITY in visible_compute_capabilities()
-                        and not any(arch_runs_on(a, SOURCE_CAPABILITY) for a in archs))
-    if installed and not hopper_uncovered:
+    built = (manifest().get("cuda") or {}).get("archs", [])
+    present = visible_compute_capabilities()
+    wanted = [a for a in source_archs() if arch_capability(a) in present]
+    uncovered = [a for a in wanted if not any(arch_runs_on(b, arch_capability(a)) for b in built)]
+    if installed and not uncovered:
         return str(installed)
     if installed:
-        why = f"the installed CUDA module holds {', '.join(archs)} code, none for this Hopper GPU"
+        why = f"the installed CUDA module holds {', '.join(built)} code, none for this GPU ({', '.join(uncovered)})"
     elif manifest():
         why = f"this installation holds no CUDA module (nvcc was not found when it was built; {LIB_DIR})"
     else:
@@ -302,7 +331,8 @@ def cuda_library() -> str:
             f"ffi_dsa: no usable CUDA module: {why}; building one needs nvcc, which was not found "
             f"(CUDA_HOME={os.environ.get('CUDA_HOME')!r}, no nvcc on PATH, no /usr/local/cuda/bin/nvcc). "
             "Install the CUDA toolkit (12.8 or newer) and set CUDA_HOME to it, then either reinstall ffi-dsa "
-            "(`pip install .` builds the sm_90a module into the wheel) or call again (the first CUDA call "
+            "(`pip install .` builds the CUDA module into the wheel) or call again (the first CUDA call "
             "builds it once, in a minute or so, cached in $FFI_DSA_CACHE_DIR)."
         )
-    return jit_cuda_library(SOURCE_ARCH_LIST, reason=f"{why}; for {SOURCE_ARCH_LIST} with {find_nvcc()}")
+    archs = uncovered or wanted or source_archs()
+    return jit_cuda_library(archs, reason=f"{why}; for {', '.join(archs)} with {find_nvcc()}")

@@ -50,11 +50,12 @@ def cuda() -> _native.CudaFunctions:
 
 
 @functools.cache
-def topk_indexer_for(device_type: str):
-    """The exported DPS function serving tensors of `device_type` ('cpu' or 'cuda'), looked up once
-    (a module lookup per call would cost every caller on the eager path)."""
+def kernel_for(op: str, device_type: str):
+    """The exported DPS function of op `op` ("topk_indexer", "prefill_topk_indexer") serving tensors
+    of `device_type` ('cpu' or 'cuda'), looked up once (a module lookup per call would cost every
+    caller on the eager path)."""
     if device_type == "cpu":
-        return cpu().topk_indexer
+        return getattr(cpu(), op)
     if device_type == "cuda":
-        return cuda().topk_indexer
+        return getattr(cuda(), op)
     raise ValueError(f"ffi_dsa supports CPU and CUDA tensors, got a tensor on {device_type!r}")

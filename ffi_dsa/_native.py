@@ -1,5 +1,5 @@
 """Typed stubs of the native modules' exports: what each function of cuda/csrc/cpu_binding.cc and
-cuda/csrc/cuda_binding.cu takes and returns, so that a reader (or a type checker) can follow a call
+cuda/csrc/cuda_binding.cc takes and returns, so that a reader (or a type checker) can follow a call
 from ``ffi_dsa.call`` to the C++ it lands in. ``_ffi_api.cpu()`` / ``_ffi_api.cuda()`` return these
 tables, bound to the loaded module once.
 
@@ -16,34 +16,37 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 Tensor = Any
 DType = Any  # a tvm_ffi.dtype
 
-_INDEXER = "Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool], None]"
+_DECODE = "Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool], None]"
+_PREFILL = "Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]"
+_CHECK_SHAPES = "Callable[[Array[Array[int]], Array[dtype]], None]"
 
 
 class CpuFunctions(NamedTuple):
-    """cuda/csrc/cpu_binding.cc."""
+    """cuda/csrc/cpu_binding.cc: each op (docs/contract.md) as a DPS function, (inputs..., output,
+    attributes), and its checks on the shapes and dtypes of those arguments alone (for JAX's trace
+    time); then the module's own functions."""
 
-    # (q, k_cache, weights, seq_lens, block_table, topk_indices, sorted): docs/contract.md
+    # decode: (q, k_cache, weights, seq_lens, block_table, topk_indices, sorted)
     topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool], None]
-    # validate.h's checks on (shape, dtype) pairs of the six arguments, for JAX's trace time
-    check_shapes: Callable[..., None]
+    topk_indexer_check_shapes: Callable[[Sequence[Sequence[int]], Sequence[DType]], None]
+    # prefill: (q, k, k_scale, weights, ks, ke, topk_indices, sorted, absolute_ids)
+    prefill_topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]
+    prefill_topk_indexer_check_shapes: Callable[[Sequence[Sequence[int]], Sequence[DType]], None]
     contract_constants: Callable[[], Mapping[str, int]]
+    # the CUDA archs the sources hold kernels for ("sm_90a"), and (arch, query rows B * N,
+    # max_pages) -> bytes of scratch a CUDA decode call takes there (cuda_archs.h)
+    cuda_archs: Callable[[], Sequence[str]]
+    workspace_bytes: Callable[[str, int, int], int]
     set_cpu_kernel: Callable[[str], str]
     cpu_kernel: Callable[[], str]
     cpu_kernels: Callable[[], Sequence[str]]
     set_cpu_threads: Callable[[int], None]
-    # (query rows B * N, max_pages) -> bytes of scratch a CUDA call may take (workspace_bytes.h)
-    workspace_bytes: Callable[[int, int], int]
-    # (q, k, k_scale, weights, ks, ke, topk_indices, sorted, absolute_ids): docs/contract.md §8
-    prefill_topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]
-    # validate_prefill.h's checks on (shape, dtype) pairs of the seven arguments, for JAX's trace time
-    prefill_check_shapes: Callable[..., None]
 
 
 class CudaFunctions(NamedTuple):
-    """cuda/csrc/cuda_binding.cu."""
+    """cuda/csrc/cuda_binding.cc (the ops, arch-neutral) and cuda/csrc/sm_90a/options.cc."""
 
     topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool], None]
-    # (q, k, k_scale, weights, ks, ke, topk_indices, sorted, absolute_ids): the CPU export's form
     prefill_topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]
     # (fused, pdl, max_select_cluster), -1 = unchanged -> the previous settings (launch/tuning.h)
     set_cuda_options: Callable[[int, int, int], Mapping[str, int]]
@@ -52,20 +55,21 @@ class CudaFunctions(NamedTuple):
 
 SCHEMAS = {
     CpuFunctions: {
-        "topk_indexer": _INDEXER,
-        "check_shapes": "Callable[[" + ", ".join(["Array[int], dtype"] * 6) + "], None]",
+        "topk_indexer": _DECODE,
+        "topk_indexer_check_shapes": _CHECK_SHAPES,
+        "prefill_topk_indexer": _PREFILL,
+        "prefill_topk_indexer_check_shapes": _CHECK_SHAPES,
         "contract_constants": "Callable[[], Map[str, int]]",
+        "cuda_archs": "Callable[[], Array[str]]",
+        "workspace_bytes": "Callable[[str, int, int], int]",
         "set_cpu_kernel": "Callable[[str], str]",
         "cpu_kernel": "Callable[[], str]",
         "cpu_kernels": "Callable[[], Array[str]]",
         "set_cpu_threads": "Callable[[int], None]",
-        "workspace_bytes": "Callable[[int, int], int]",
-        "prefill_topk_indexer": "Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]",
-        "prefill_check_shapes": "Callable[[" + ", ".join(["Array[int], dtype"] * 7) + "], None]",
     },
     CudaFunctions: {
-        "topk_indexer": _INDEXER,
-        "prefill_topk_indexer": "Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]",
+        "topk_indexer": _DECODE,
+        "prefill_topk_indexer": _PREFILL,
         "set_cuda_options": "Callable[[int, int, int], Map[str, int]]",
         "cuda_options": "Callable[[], Map[str, int]]",
     },

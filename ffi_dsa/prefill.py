@@ -1,5 +1,5 @@
-"""Prefill entry points (docs/contract.md, prefill): the DPS call, the allocating wrapper and the
-host-side validation of ks / ke.
+"""Prefill (docs/contract.md, prefill): the DPS call, the allocating form and the host-side
+validation of ks / ke, as one instance of the op pattern (_op.py), laid out as decode.py is.
 
 A chunk of M query tokens (the rows), each over its own range ``[ks[i], ke[i])`` of one contiguous
 key buffer ``k [N, 128]`` with per-key scales: the rows of several requests in one call (ragged),
@@ -9,18 +9,11 @@ orders are decode's.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-from . import _arrays, _ffi_api
-from .api import checked_topk
+from . import _arrays, _op
 from .contract import DEFAULT_TOPK
 
-# How messages name the arguments, in the op's order; the same strings as kPrefillArgNames of the
-# C++ checks (cuda/include/ffi_dsa/validate_prefill.h).
-ARG_NAMES = ("q", "k", "k_scale", "weights", "ks", "ke", "topk_indices")
-_Q, _K, _K_SCALE, _WEIGHTS, _KS, _KE, _TOPK_INDICES = ARG_NAMES
 # What an output id counts from: the row's (clamped) start ks[i], or k's first row.
 IDS = ("relative", "absolute")
 
@@ -32,24 +25,32 @@ def absolute_ids(ids) -> bool:
     return ids == "absolute"
 
 
-@functools.cache
-def kernel_for(device_type: str):
-    """The exported DPS prefill function serving tensors of `device_type` ('cpu' or 'cuda'), looked
-    up once."""
-    if device_type == "cpu":
-        return _ffi_api.cpu().prefill_topk_indexer
-    if device_type == "cuda":
-        return _ffi_api.cuda().prefill_topk_indexer
-    raise ValueError(f"ffi_dsa supports CPU and CUDA tensors, got a tensor on {device_type!r}")
+def output_shape(q_shape, topk) -> tuple:
+    """[M, topk]; a q of another rank still gets a shape, so that the C++ check names the mistake."""
+    return (q_shape[0] if len(q_shape) else 0, topk)
 
 
-def named_argument_error(err: Exception, args) -> Exception:
-    """_arrays.named_argument_error with the prefill op's argument names."""
-    return _arrays.named_argument_error(err, args, ARG_NAMES)
+def _validate_inputs(q, k, k_scale, weights, ks, ke) -> None:
+    validate_prefill(k, ks, ke)
 
 
-def prefill_topk_indexer(q, k, k_scale, weights, ks, ke, topk_indices, sorted: bool = False,
-                         validate: bool = False, *, ids: str = "relative") -> None:
+OP = _op.Op(
+    name="prefill_topk_indexer",
+    params=("q", "k", "k_scale", "weights", "ks", "ke", "topk_indices"),
+    # the parameter names are the messages' names: kPrefillArgNames of cuda/include/ffi_dsa/validate/prefill.h
+    arg_names=("q", "k", "k_scale", "weights", "ks", "ke", "topk_indices"),
+    fp8_args=frozenset({0, 1}),
+    row_args=(0, 3, 4, 5),
+    length_args=(4, 5),
+    options=(_op.Option("sorted", False, (False, True), "sorted", bool),
+             _op.Option("ids", "relative", IDS, "absolute_ids", absolute_ids)),
+    output_shape=output_shape,
+    validate=_validate_inputs,
+)
+
+
+def prefill_call(q, k, k_scale, weights, ks, ke, topk_indices, sorted: bool = False, validate: bool = False, *,
+                 ids: str = "relative") -> None:
     """Destination-passing style: write the top-K key ids of each query row into `topk_indices`.
 
     q ``[M, H, 128]`` (H 64 or 32) and k ``[N, 128]`` are float8_e4m3fn (or uint8/int8 views of
@@ -61,46 +62,20 @@ def prefill_topk_indexer(q, k, k_scale, weights, ks, ke, topk_indices, sorted: b
     ``ke > N`` to N, count ``ks < 0`` as 0 and leave rows with ``ks >= ke`` empty;
     ``validate=True`` checks ks and ke on the host and raises instead (see validate_prefill).
     """
-    args = (q, k, k_scale, weights, ks, ke, topk_indices)
-    absolute = absolute_ids(ids)
-    try:
-        ready = (
-            _arrays.as_dlpack_ready(q, _Q, fp8_ok=True),
-            _arrays.as_dlpack_ready(k, _K, fp8_ok=True),
-            _arrays.as_dlpack_ready(k_scale, _K_SCALE),
-            _arrays.as_dlpack_ready(weights, _WEIGHTS),
-            _arrays.as_dlpack_ready(ks, _KS),
-            _arrays.as_dlpack_ready(ke, _KE),
-            _arrays.as_dlpack_ready(topk_indices, _TOPK_INDICES, output=True),
-        )
-        kernel = kernel_for(_arrays.device_type(q))
-        if validate:
-            validate_prefill(k, ks, ke)
-    except (TypeError, ValueError, AttributeError, RuntimeError, BufferError) as err:
-        raise named_argument_error(err, args) from None
-    try:
-        kernel(*ready, bool(sorted), absolute)
-    except (TypeError, ValueError, RuntimeError, BufferError) as err:
-        raise named_argument_error(err, args) from None
+    _op.call(OP, (q, k, k_scale, weights, ks, ke, topk_indices), (bool(sorted), absolute_ids(ids)), validate)
 
 
-def prefill_topk(q, k, k_scale, weights, ks, ke, topk: int = DEFAULT_TOPK, sorted: bool = False,
-                 ids: str = "relative", validate: bool = False):
-    """Allocating form of :func:`prefill_topk_indexer`: int32 ``[M, topk]`` in q's framework and on
-    its device (JAX arrays go to ``ffi_dsa.integration.jax_prefill``)."""
-    absolute_ids(ids)
+def prefill_topk_indexer(q, k, k_scale, weights, ks, ke, topk: int = DEFAULT_TOPK, sorted: bool = False,
+                         validate: bool = False, *, ids: str = "relative"):
+    """Allocating form of :func:`prefill_call`: int32 ``[M, topk]`` in q's framework (torch, numpy,
+    JAX) and on its device. On JAX arrays it is an XLA FFI call (ffi_dsa.jax_ops) that works under
+    ``jax.jit`` (``topk``, ``sorted`` and ``ids`` static) and ``jax.vmap``."""
+    inputs, options = (q, k, k_scale, weights, ks, ke), {"sorted": sorted, "ids": ids}
     if _arrays.framework(q) == "jax":
-        from .integration import jax_prefill
+        from . import jax_ops
 
-        if validate:  # concrete arrays only: under jit there is nothing on the host to look at
-            validate_prefill(k, ks, ke)
-        return jax_prefill.prefill_topk(q, k, k_scale, weights, ks, ke, topk=topk, sorted=sorted, ids=ids)
-    _arrays.check_tensor(q, _Q)
-    topk = checked_topk(topk)
-    kernel_for(_arrays.device_type(q))  # a device without a kernel fails before anything is allocated
-    out = _arrays.empty_like_framework(q, (q.shape[0] if len(q.shape) else 0, topk), "int32")
-    prefill_topk_indexer(q, k, k_scale, weights, ks, ke, out, sorted=sorted, validate=validate, ids=ids)
-    return out
+        return jax_ops.call(OP, inputs, topk, options, validate)
+    return _op.allocate_and_call(OP, inputs, topk, options, validate)
 
 
 def validate_prefill(k, ks, ke) -> None:
@@ -122,4 +97,4 @@ def validate_prefill(k, ks, ke) -> None:
             raise ValueError(message(int(np.argmax(bad))))
 
 
-__all__ = ["prefill_topk_indexer", "prefill_topk", "validate_prefill", "ARG_NAMES", "IDS"]
+__all__ = ["prefill_call", "prefill_topk_indexer", "validate_prefill", "OP", "IDS"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from ._arrays import output_shape
+from .decode import output_shape
 from .contract import HEAD_DIM, NUM_HEADS, PAGE_FP8_BYTES, PAGE_TOKENS
 from .kv_cache import pack_k_cache
 
@@ -52,7 +52,7 @@ class Batch:
         return int((lens.max(axis=1) if lens.ndim == 2 else lens).sum())
 
     def output_shape(self, topk: int) -> tuple[int, ...]:
-        """[B, K], or [B, N, K] for a rank-4 q (ffi_dsa._arrays.output_shape)."""
+        """[B, K], or [B, N, K] for a rank-4 q (ffi_dsa.decode.output_shape)."""
         return output_shape(self.q.shape, topk)
 
 

@@ -12,12 +12,13 @@ import re
 
 import torch
 
-from ..api import checked_topk
-from ..contract import PAGE_BYTES, PAGE_TOKENS, TOKEN_BYTES
-from . import torch_op  # noqa: F401  (registers torch.ops.dsa.*)
+import ffi_dsa.torch_ops  # noqa: F401  (registers torch.ops.dsa.*)
+from ffi_dsa import decode
+from ffi_dsa._op import checked_topk
+from ffi_dsa.contract import PAGE_BYTES, PAGE_TOKENS, TOKEN_BYTES
 
-# the op's own names, as its messages start (ffi_dsa._arrays.ARG_NAMES without the parentheses)
-OP_ARGS = ("q", "k_cache", "weights", "seq_lens", "block_table", "topk_indices")
+# the op's own names, as its messages start (the parameter names of ffi_dsa.call)
+OP_ARGS = decode.OP.params
 
 
 def paged_cache(cache: torch.Tensor, name: str) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """A DeepSeek-V3.2-style indexer layer inside a compiled decode step, on CPU or CUDA.
 
-    python -m ffi_dsa.integration.example_torch_decode [--device cuda] [--backend aot_eager] [--steps 4]
-    python integration/example_torch_decode.py          # from a source checkout
+    python integration/example_torch_decode.py [--device cuda] [--backend aot_eager] [--steps 4]
+
+(it imports the installed ffi_dsa: ``pip install ".[torch]"`` first.)
 
 Each step takes one new hidden state per row, projects it to 64 index-query heads (quantized to
 FP8 per head, the scale folded into the head weights), appends the token's index key to the paged
@@ -15,23 +16,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
-try:
-    import ffi_dsa
-except ImportError:  # run as a script from a source checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    import ffi_dsa
-
-from ffi_dsa.contract import HEAD_DIM as DIM  # noqa: E402
-from ffi_dsa.contract import NUM_HEADS as HEADS  # noqa: E402
-from ffi_dsa.contract import DEFAULT_TOPK  # noqa: E402
-from ffi_dsa.contract import PAGE_TOKENS as PAGE  # noqa: E402
-from ffi_dsa.integration import torch_op  # noqa: F401  (registers torch.ops.dsa.*)
-from ffi_dsa.kv_cache import FP8_MAX  # noqa: E402
+import ffi_dsa
+import ffi_dsa.torch_ops  # noqa: F401  (registers torch.ops.dsa.*)
+from ffi_dsa.contract import DEFAULT_TOPK
+from ffi_dsa.contract import HEAD_DIM as DIM
+from ffi_dsa.contract import NUM_HEADS as HEADS
+from ffi_dsa.contract import PAGE_TOKENS as PAGE
+from ffi_dsa.kv_cache import FP8_MAX
 
 
 def quantize_fp8(x: torch.Tensor):

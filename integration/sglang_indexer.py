@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import torch
 
-from ..contract import DEFAULT_TOPK
-from .engine_args import checked_k, head_weights, paged_cache, renamed
-from .torch_op import topk_indexer_out_op
+from engine_args import checked_k, head_weights, paged_cache, renamed
+from ffi_dsa.contract import DEFAULT_TOPK
+from ffi_dsa.torch_ops import topk_indexer_out
 
 ENGINE_NAMES = ("q_fp8", "kv_cache_fp8", "weights", "seqlens_32", "block_tables", "out")
 
@@ -61,8 +61,8 @@ def topk_paged(q_fp8: torch.Tensor, kv_cache_fp8: torch.Tensor, weights: torch.T
     elif tuple(out.shape) != (tokens, index_topk):
         raise ValueError(f"out must be [num_tokens, index_topk] = [{tokens}, {index_topk}], got {list(out.shape)}")
     try:
-        topk_indexer_out_op(q, paged_cache(kv_cache_fp8, "kv_cache_fp8"), head_weights(weights, tokens, "weights"),
-                            seqlens_32, block_tables, out, False)
+        topk_indexer_out(q, paged_cache(kv_cache_fp8, "kv_cache_fp8"), head_weights(weights, tokens, "weights"),
+                         seqlens_32, block_tables, out, False)
     except (TypeError, ValueError) as err:
         raise renamed(err, ENGINE_NAMES) from None
     return out

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import torch
 
-from ..contract import DEFAULT_TOPK
-from .engine_args import checked_k, head_weights, paged_cache, renamed
-from .torch_op import topk_indexer_out_op
+from engine_args import checked_k, head_weights, paged_cache, renamed
+from ffi_dsa.contract import DEFAULT_TOPK
+from ffi_dsa.torch_ops import topk_indexer_out
 
 ENGINE_NAMES = ("padded_q_quant_decode_tokens", "kv_cache", "weights", "seq_lens", "block_table",
                 "topk_indices_buffer")
@@ -59,8 +59,8 @@ def decode_topk(padded_q_quant_decode_tokens: torch.Tensor, kv_cache: torch.Tens
         raise ValueError(f"topk_indices_buffer[:{rows}, :{topk_tokens}] is not contiguous: the buffer must be "
                          f"{topk_tokens} wide, got {buffer.shape[1]}")
     try:
-        topk_indexer_out_op(q, paged_cache(kv_cache, "kv_cache"), head_weights(weights, rows, "weights"),
-                            seq_lens, block_table, topk_indices, False, ids="positions")
+        topk_indexer_out(q, paged_cache(kv_cache, "kv_cache"), head_weights(weights, rows, "weights"),
+                         seq_lens, block_table, topk_indices, False, ids="positions")
     except (TypeError, ValueError) as err:
         raise renamed(err, ENGINE_NAMES) from None
     return topk_indices

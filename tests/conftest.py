@@ -7,11 +7,17 @@
 * ``make_exact_batch``: batches whose scores are exact in any accumulation order (small integers in
   q, k and weights, unit scales), so the tie rule can be checked exactly against ``ffi_dsa.reference``.
 * ``set_token`` / ``token_id``: edit one token of the paged cache through the contract's page layout (docs/contract.md §1).
+* ``load_script`` / ``script_env``: the checkout's scripts (benchmarks/, integration/), loaded or run
+  against the ffi_dsa this suite imports.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
+import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -19,9 +25,10 @@ import pytest
 import torch
 
 import ffi_dsa
+import ffi_dsa.torch_ops  # noqa: F401  (registers torch.ops.dsa.*)
 from ffi_dsa.contract import DEFAULT_TOPK as DEFAULT_K
 from ffi_dsa.contract import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_FP8_BYTES, PAGE_TOKENS
-from ffi_dsa._arrays import output_shape
+from ffi_dsa.decode import output_shape
 from ffi_dsa.workloads import Batch, make_batch
 
 SENTINEL = 0x7EEEEEEE      # never a valid id (ids are < num_pages * 64) and never -1
@@ -30,6 +37,30 @@ FP8_NAN_BYTES = (0x7F, 0xFF)  # e4m3fn has no inf: these two bytes are its NaNs
 
 CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+CHECKOUT = Path(__file__).resolve().parent.parent
+# The folder holding the ffi_dsa this suite imports (the installed one in CI, else the checkout).
+FFI_DSA_PARENT = str(Path(ffi_dsa.__file__).resolve().parent.parent)
+
+
+def script_env() -> dict:
+    """The environment of a script or snippet run in a process of its own: it imports the ffi_dsa
+    this suite imports."""
+    return dict(os.environ, PYTHONPATH=FFI_DSA_PARENT)
+
+
+def load_script(relative: str):
+    """A script of the checkout (``benchmarks/torch_ranks.py``) as a module, loaded as running it
+    would: its folder first on sys.path while it imports its siblings."""
+    path = CHECKOUT / relative
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
 
 
 def pytest_collection_modifyitems(config, items):

@@ -27,11 +27,14 @@ import torch
 
 import ffi_dsa
 from ffi_dsa.contract import NUM_HEADS, NUM_HEADS_NARROW, PAGE_TOKENS
-from ffi_dsa.integration import engine_args, sglang_indexer, vllm_indexer
 from ffi_dsa.workloads import make_batch
 
-from conftest import SENTINEL, assert_all_written, fill_past_rows, make_exact_batch, poisoned
+from conftest import SENTINEL, assert_all_written, fill_past_rows, load_script, make_exact_batch, poisoned
 from engine_chains import duplicate_neighbours, paged_mqa_logits, slots, topk_positions
+
+engine_args = load_script("integration/engine_args.py")
+sglang_indexer = load_script("integration/sglang_indexer.py")
+vllm_indexer = load_script("integration/vllm_indexer.py")
 
 K = 2048
 LENS = [0, 1, 5, 64, 700, 2047, 2048, 2049, 3000, 4100]

@@ -312,7 +312,7 @@ def test_check_topk_tolerance_has_a_magnitude_term():
     """The contract's second tolerance term (docs/contract.md §4): 2**-12 * max_t M[t], the magnitude of
     the sums behind the scores. A swap at the cut by more than 1e-3 * max|score| passes only when the
     row's magnitude term covers it."""
-    from ffi_dsa.reference import RowScores
+    from ffi_dsa.decode_reference import RowScores
 
     scores = np.array([10.0, 9.99, 9.0, 5.0])
     row = RowScores(positions=np.arange(4), ids=np.arange(4) + 640, scores=scores, magnitude=0.0)

@@ -1,4 +1,4 @@
-"""JAX: the XLA FFI target through ffi_dsa.integration.jax_ffi, eager, under jax.jit and jax.vmap.
+"""JAX: the XLA FFI target through ffi_dsa.jax_ops, eager, under jax.jit and jax.vmap.
 
 Results are compared byte for byte with ``ffi_dsa.call`` (numpy) on the same inputs and checked
 with ``ffi_dsa.check_topk``. GPU cases need a JAX CUDA backend and carry ``@pytest.mark.cuda``.
@@ -19,10 +19,10 @@ import jax.numpy as jnp  # noqa: E402
 
 import ffi_dsa  # noqa: E402
 from ffi_dsa.contract import MAX_QUERIES, NUM_HEADS, NUM_HEADS_NARROW  # noqa: E402
-from ffi_dsa.integration import jax_ffi  # noqa: E402
+from ffi_dsa import decode, jax_ops  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
 
-from conftest import assert_exact, assert_same_as_call, call_result  # noqa: E402
+from conftest import assert_exact, assert_same_as_call, call_result, load_script  # noqa: E402
 from mtp_batches import FORMS, Form, mtp_batch  # noqa: E402
 
 
@@ -38,7 +38,7 @@ PLATFORMS = ["cpu", pytest.param("gpu", marks=[pytest.mark.cuda,
                                                 pytest.mark.skipif(GPU is None, reason="needs a JAX GPU")])]
 K = 16
 LENS = [150, 3, 0, 300]
-jitted = jax.jit(jax_ffi.topk_indexer, static_argnames=("topk", "sorted"))
+jitted = jax.jit(ffi_dsa.topk_indexer, static_argnames=("topk", "sorted"))
 
 
 @pytest.fixture(params=PLATFORMS)
@@ -66,7 +66,7 @@ def assert_same(got, batch, topk=K, sorted=False):
 def test_eager_and_jit_match_call(platform, sorted_, q_dtype):
     batch = make_batch(LENS, seed=1, spare_pages=3)
     args = on(platform, batch, q_dtype)
-    assert_same(jax_ffi.topk_indexer(*args, topk=K, sorted=sorted_), batch, sorted=sorted_)
+    assert_same(ffi_dsa.topk_indexer(*args, topk=K, sorted=sorted_), batch, sorted=sorted_)
     got = jitted(*args, topk=K, sorted=sorted_)
     assert got.devices() == args[0].devices()
     assert_same(got, batch, sorted=sorted_)
@@ -91,7 +91,7 @@ def test_inside_a_larger_jit(platform):
 
     @jax.jit
     def step(q, k_cache, weights, seq_lens, block_table):
-        idx = jax_ffi.topk_indexer(q, k_cache, weights * 2.0, seq_lens, block_table, topk=K)
+        idx = ffi_dsa.topk_indexer(q, k_cache, weights * 2.0, seq_lens, block_table, topk=K)
         return idx, (idx >= 0).sum(axis=1)
 
     idx, count = step(*on(platform, batch))
@@ -101,7 +101,7 @@ def test_inside_a_larger_jit(platform):
 
 def launches(jaxpr: str) -> int:
     """Kernel calls in a jaxpr: it holds each call once per platform branch (the GPU form takes an
-    XLA scratch output, the CPU form none; jax_ffi._ffi_topk), so count the CPU form's."""
+    XLA scratch output, the CPU form none; jax_ops._local_call), so count the CPU form's."""
     cpu_form = re.findall(r"\bi32\[[\d,]*\] = ffi_call\[", jaxpr)
     assert len(cpu_form) * 2 == jaxpr.count("ffi_call["), jaxpr
     return len(cpu_form)
@@ -112,7 +112,7 @@ def test_vmap_with_shared_cache_folds_into_the_batch(platform):
     a = make_batch(LENS, seed=5, spare_pages=3)
     q, k, w, s, bt = on(platform, a)
     qs, ws, ss, bts = (jnp.stack([x, x[::-1]]) for x in (q, w, s, bt))
-    fn = jax.jit(jax.vmap(lambda q_, w_, s_, t_: jax_ffi.topk_indexer(q_, k, w_, s_, t_, topk=K)))
+    fn = jax.jit(jax.vmap(lambda q_, w_, s_, t_: ffi_dsa.topk_indexer(q_, k, w_, s_, t_, topk=K)))
     jaxpr = str(jax.make_jaxpr(fn)(qs, ws, ss, bts))
     assert launches(jaxpr) == 1 and "i32[8,16] = ffi_call" in jaxpr
     assert "while[" not in jaxpr and "scan[" not in jaxpr
@@ -122,14 +122,14 @@ def test_vmap_with_shared_cache_folds_into_the_batch(platform):
     np.testing.assert_array_equal(got[0], want)
     np.testing.assert_array_equal(got[1], want[::-1])
     # only q batched; others broadcast
-    got_q = np.asarray(jax.vmap(lambda q_: jax_ffi.topk_indexer(q_, k, w, s, bt, topk=K))(qs))
+    got_q = np.asarray(jax.vmap(lambda q_: ffi_dsa.topk_indexer(q_, k, w, s, bt, topk=K))(qs))
     np.testing.assert_array_equal(got_q[0], want)
 
 
 def test_vmap_with_batched_cache_runs_each_element(platform):
     a, b = make_batch(LENS, seed=6, spare_pages=3), make_batch(LENS, seed=7, spare_pages=3)
     stacked = [jnp.stack(pair) for pair in zip(on(platform, a), on(platform, b))]
-    fn = jax.jit(jax.vmap(lambda *x: jax_ffi.topk_indexer(*x, topk=K)))
+    fn = jax.jit(jax.vmap(lambda *x: ffi_dsa.topk_indexer(*x, topk=K)))
     assert "i32[4,16] = ffi_call" in str(jax.make_jaxpr(fn)(*stacked))  # per element, in a loop
     got = np.asarray(fn(*stacked))
     np.testing.assert_array_equal(got[0], call_result(a, K, device=torch_device(platform)))
@@ -140,7 +140,7 @@ def test_empty_batch(platform):
     args = on(platform, make_batch([]))
     assert jitted(*args, topk=K).shape == (0, K)
     stacked_q = jnp.stack([args[0]] * 3)
-    assert jax.vmap(lambda q: jax_ffi.topk_indexer(q, *args[1:], topk=K))(stacked_q).shape == (3, 0, K)
+    assert jax.vmap(lambda q: ffi_dsa.topk_indexer(q, *args[1:], topk=K))(stacked_q).shape == (3, 0, K)
 
 
 @pytest.mark.parametrize("index, edit, error, match", [
@@ -156,7 +156,7 @@ def test_errors_raise_before_xla(platform, index, edit, error, match):
     args = on(platform, make_batch(LENS, seed=8))
     args[index] = edit(args[index])
     with pytest.raises(error, match=match):
-        jax_ffi.topk_indexer(*args, topk=K)
+        ffi_dsa.topk_indexer(*args, topk=K)
     with pytest.raises(error, match=match):
         jitted(*args, topk=K)
 
@@ -168,24 +168,24 @@ def test_topk_errors(platform):
     with pytest.raises(ValueError, match="topk must be >= 0"):
         jitted(*args, topk=-1)
     with pytest.raises(TypeError, match="static"):
-        jax.jit(jax_ffi.topk_indexer)(*args, topk=K)
+        jax.jit(ffi_dsa.topk_indexer)(*args, topk=K)
 
 
 def test_shape_check_is_the_cpp_one():
     """The Python side has no checks of its own: check_shapes forwards to the exported C++."""
-    jax_ffi.check_shapes.cache_clear()
+    jax_ops.check_shapes.cache_clear()
     dtypes = ("float8_e4m3fn", "int8", "float32", "int32", "int32")
     heads = rf"\(H, index heads\) must be {NUM_HEADS} or {NUM_HEADS_NARROW}"
     with pytest.raises(ValueError, match=rf"^q \(q_index_fp8\) dimension 1 {heads}"):
-        jax_ffi.check_shapes(((2, 63, 128), (3, 64, 1, 132), (2, 64), (2,), (2, 3)), dtypes, K)
+        jax_ops.check_shapes(decode.OP, ((2, 63, 128), (3, 64, 1, 132), (2, 64), (2,), (2, 3)), dtypes, K)
     with pytest.raises(ValueError, match=rf"^q \(q_index_fp8\) dimension 2 {heads}"):
-        jax_ffi.check_shapes(((2, 2, 63, 128), (3, 64, 1, 132), (2, 2, 64), (2,), (2, 3)), dtypes, K)
+        jax_ops.check_shapes(decode.OP, ((2, 2, 63, 128), (3, 64, 1, 132), (2, 2, 64), (2,), (2, 3)), dtypes, K)
     n = MAX_QUERIES + 1
     too_many = rf"^q \(q_index_fp8\) dimension 1 \(N, query tokens per row\) must be in 1..{MAX_QUERIES}"
     with pytest.raises(ValueError, match=too_many):
-        jax_ffi.check_shapes(((2, n, 64, 128), (3, 64, 1, 132), (2, n, 64), (2,), (2, 3)), dtypes, K)
+        jax_ops.check_shapes(decode.OP, ((2, n, 64, 128), (3, 64, 1, 132), (2, n, 64), (2,), (2, 3)), dtypes, K)
     # the output shape check_shapes hands C++ is the one the call will have: valid MTP shapes pass
-    jax_ffi.check_shapes(((2, 2, 32, 128), (3, 64, 1, 132), (4, 32), (2, 2), (2, 3)), dtypes, K)
+    jax_ops.check_shapes(decode.OP, ((2, 2, 32, 128), (3, 64, 1, 132), (4, 32), (2, 2), (2, 3)), dtypes, K)
 
 
 # ---- several query tokens per row (MTP) and 32 heads: docs/contract.md §7 ---------------------
@@ -201,7 +201,7 @@ def test_mtp_eager_and_jit(platform, form, sorted_):
     and of the reference."""
     batch = mtp_batch(form, seed=50)
     args = on(platform, batch)
-    for name, got in (("eager", jax_ffi.topk_indexer(*args, topk=K, sorted=sorted_)),
+    for name, got in (("eager", ffi_dsa.topk_indexer(*args, topk=K, sorted=sorted_)),
                       ("jit", jitted(*args, topk=K, sorted=sorted_))):
         assert got.shape == batch.output_shape(K), name
         np.testing.assert_array_equal(np.asarray(got), torch_platform_result(batch, platform, sorted=sorted_))
@@ -226,7 +226,7 @@ def test_mtp_vmap_with_shared_cache_folds_into_the_batch(platform, form, weights
     qs, ws, ss, bts = (jnp.stack([x, x[::-1]]) for x in (q, w, s, bt))
     if weights_rows:
         ws = ws.reshape(2, -1, ws.shape[-1])  # [2, B * N, H]: the same bytes
-    fn = jax.jit(jax.vmap(lambda q_, w_, s_, t_: jax_ffi.topk_indexer(q_, k, w_, s_, t_, topk=K)))
+    fn = jax.jit(jax.vmap(lambda q_, w_, s_, t_: ffi_dsa.topk_indexer(q_, k, w_, s_, t_, topk=K)))
     jaxpr = str(jax.make_jaxpr(fn)(qs, ws, ss, bts))
     rows, n = 2 * len(batch.seq_lens), form.queries
     assert launches(jaxpr) == 1 and f"i32[{rows},{n},{K}] = ffi_call" in jaxpr, jaxpr
@@ -241,7 +241,7 @@ def test_mtp_vmap_with_shared_cache_folds_into_the_batch(platform, form, weights
 def test_mtp_vmap_with_batched_cache_runs_each_element(platform):
     a, b = (mtp_batch(Form(2, NUM_HEADS, per_query_lens=True), seed=s) for s in (53, 54))
     stacked = [jnp.stack(pair) for pair in zip(on(platform, a), on(platform, b))]
-    fn = jax.jit(jax.vmap(lambda *x: jax_ffi.topk_indexer(*x, topk=K)))
+    fn = jax.jit(jax.vmap(lambda *x: ffi_dsa.topk_indexer(*x, topk=K)))
     got = np.asarray(fn(*stacked))
     assert_exact(got[0], a, K)
     assert_exact(got[1], b, K)
@@ -262,3 +262,12 @@ def test_mtp_errors_raise_before_xla(platform, index, edit, match):
     args[index] = edit(args[index])
     with pytest.raises(ValueError, match=match):
         jitted(*args, topk=K)
+
+
+def test_example_decode_runs(platform, capsys):
+    """integration/example_jax_decode.py: the indexer inside a jitted step, every step checked."""
+    example_jax_decode = load_script("integration/example_jax_decode.py")
+    rc = example_jax_decode.main(["--platform", platform, "--steps", "2", "--batch", "3", "--context", "200",
+                                  "--topk", "64"])
+    assert rc == 0, capsys.readouterr().out
+    assert capsys.readouterr().out.count("rows ok: True") == 2

@@ -14,10 +14,10 @@ import torch._dynamo.utils as dynamo_utils
 
 import ffi_dsa
 from ffi_dsa.contract import MAX_QUERIES, NUM_HEADS, NUM_HEADS_NARROW
-from ffi_dsa.integration import torch_op
+from ffi_dsa import torch_ops
 from ffi_dsa.workloads import make_batch
 
-from conftest import SENTINEL, assert_exact, assert_same_as_call, call_result
+from conftest import SENTINEL, assert_exact, assert_same_as_call, call_result, load_script
 from mtp_batches import FORMS, Form, mtp_batch, query_rows_shape
 from mtp_batches import LENS as MTP_LENS
 
@@ -40,7 +40,7 @@ def assert_same(got, batch, topk=K, sorted=False):
 
 
 def test_import_ffi_dsa_registers_the_ops():
-    assert torch.ops.dsa.topk_indexer.default is torch_op.topk_indexer_op
+    assert torch.ops.dsa.topk_indexer.default is torch_ops.topk_indexer
     assert "Tensor(a!) topk_indices" in str(torch.ops.dsa.topk_indexer_out.default._schema)
 
 
@@ -125,14 +125,12 @@ def test_compiled_op_raises_value_error(device):
         compiled(q, k[..., :100], w, s, bt)
 
 
-@pytest.mark.cuda
-def test_cuda_graph_capture_and_replay():
-    batch, args = batch_on(LENS_A, "cuda")
-    static = [a.clone() for a in args]
-    out = torch.full((4, K), SENTINEL, dtype=torch.int32, device="cuda")
+def capture_both_ops(static, out):
+    """(graph, functional output): both ops captured in one CUDA graph on the `static` inputs, the out
+    op writing `out`, the functional one sorted; warmed up (module built, attributes set) off the capture."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up (builds/loads the module) off the capture
+    with torch.cuda.stream(side):
         torch.ops.dsa.topk_indexer_out(*static, out)
         torch.ops.dsa.topk_indexer(*static, topk=K)
     torch.cuda.current_stream().wait_stream(side)
@@ -140,6 +138,15 @@ def test_cuda_graph_capture_and_replay():
     with torch.cuda.graph(graph):
         functional = torch.ops.dsa.topk_indexer(*static, topk=K, sorted=True)
         torch.ops.dsa.topk_indexer_out(*static, out)
+    return graph, functional
+
+
+@pytest.mark.cuda
+def test_cuda_graph_capture_and_replay():
+    batch, args = batch_on(LENS_A, "cuda")
+    static = [a.clone() for a in args]
+    out = torch.full((4, K), SENTINEL, dtype=torch.int32, device="cuda")
+    graph, functional = capture_both_ops(static, out)
     for seed in (1, 2):  # new data of the same shapes, copied into the captured buffers
         other, new_args = batch_on(LENS_A, "cuda", seed=seed)
         for dst, src in zip(static, new_args):
@@ -217,17 +224,17 @@ def test_all_callers_agree_byte_for_byte():
     try:
         import jax.numpy as jnp
 
-        from ffi_dsa.integration import jax_ffi
+        from ffi_dsa import jax_ops
     except ImportError:
         pass
     else:
         jargs = [jnp.asarray(batch.q).view(jnp.float8_e4m3fn), *map(jnp.asarray, batch.args()[1:])]
-        results["jax"] = np.asarray(jax_ffi.topk_indexer(*jargs, topk=K))
+        results["jax"] = np.asarray(ffi_dsa.topk_indexer(*jargs, topk=K))
     try:
         import ml_dtypes
         import tvm
 
-        from ffi_dsa.integration import tvm_relax
+        from ffi_dsa import tvm_relax
     except ImportError:
         pass
     else:
@@ -241,7 +248,7 @@ def test_all_callers_agree_byte_for_byte():
 
 
 def test_example_decode_runs(device, capsys):
-    from ffi_dsa.integration import example_torch_decode
+    example_torch_decode = load_script("integration/example_torch_decode.py")
 
     torch._dynamo.reset()
     rc = example_torch_decode.main(["--device", device, "--backend", "aot_eager", "--steps", "2",
@@ -360,16 +367,7 @@ def test_cuda_graph_capture_and_replay_mtp():
     form = Form(2, NUM_HEADS)
     static = [a.clone() for a in mtp_batch(form, seed=30).to_torch("cuda")]
     out = torch.full(query_rows_shape(mtp_batch(form, seed=30), K), SENTINEL, dtype=torch.int32, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.ops.dsa.topk_indexer_out(*static, out)
-        torch.ops.dsa.topk_indexer(*static, topk=K)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        functional = torch.ops.dsa.topk_indexer(*static, topk=K, sorted=True)
-        torch.ops.dsa.topk_indexer_out(*static, out)
+    graph, functional = capture_both_ops(static, out)
     for seed in (31, 32):
         other = mtp_batch(form, seed=seed)
         for dst, src in zip(static, other.to_torch("cuda")):
@@ -388,14 +386,14 @@ def _jax_results(batch, topk, sorted_, device):
         import jax
         import jax.numpy as jnp
 
-        from ffi_dsa.integration import jax_ffi
+        from ffi_dsa import jax_ops
         target = jax.devices("cpu" if device == "cpu" else "gpu")[0]
     except (ImportError, RuntimeError):
         return {}
     q, k, w, s, bt = [jax.device_put(a, target) for a in
                       (jnp.asarray(batch.q).view(jnp.float8_e4m3fn), *map(jnp.asarray, batch.args()[1:]))]
-    jitted = jax.jit(jax_ffi.topk_indexer, static_argnames=("topk", "sorted"))
-    vmapped = jax.jit(jax.vmap(lambda q_, w_, s_, t_: jax_ffi.topk_indexer(q_, k, w_, s_, t_, topk=topk,
+    jitted = jax.jit(ffi_dsa.topk_indexer, static_argnames=("topk", "sorted"))
+    vmapped = jax.jit(jax.vmap(lambda q_, w_, s_, t_: ffi_dsa.topk_indexer(q_, k, w_, s_, t_, topk=topk,
                                                                           sorted=sorted_)))
     pair = vmapped(*(jnp.stack([x, x]) for x in (q, w, s, bt)))
     return {"jax.jit": np.asarray(jitted(q, k, w, s, bt, topk=topk, sorted=sorted_)),
@@ -408,7 +406,7 @@ def _tvm_results(batch, topk, sorted_, device):
         import ml_dtypes
         import tvm
 
-        from ffi_dsa.integration import tvm_relax
+        from ffi_dsa import tvm_relax
     except ImportError:
         return {}
     if device == "cuda" and not (tvm.runtime.enabled("cuda") and tvm.cuda(0).exist):

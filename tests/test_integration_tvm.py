@@ -12,7 +12,7 @@ import torch
 import tvm_ffi
 
 from ffi_dsa.contract import NUM_HEADS
-from ffi_dsa.integration import tvm_relax
+from ffi_dsa import decode, tvm_relax
 from ffi_dsa.workloads import make_batch
 
 from conftest import CUDA, SENTINEL, assert_exact, assert_same_as_call, call_result
@@ -37,7 +37,7 @@ def assert_same(got, batch, topk=K, sorted=False, device="cpu"):
 @pytest.mark.parametrize("sorted_", [False, True])
 def test_global_funcs_are_dps(sorted_):
     tvm_relax.register_global_funcs()
-    fn = tvm_ffi.get_global_func(tvm_relax.GLOBAL_NAME_SORTED if sorted_ else tvm_relax.GLOBAL_NAME)
+    fn = tvm_ffi.get_global_func(tvm_relax.global_name(decode.OP, sorted=sorted_))
     batch = make_batch(LENS, seed=1)
     out = np.full((4, K), SENTINEL, np.int32)
     assert fn(*batch.args(), out) is None
@@ -46,7 +46,7 @@ def test_global_funcs_are_dps(sorted_):
 
 def test_global_func_raises_value_and_type_errors():
     tvm_relax.register_global_funcs()
-    fn = tvm_ffi.get_global_func(tvm_relax.GLOBAL_NAME)
+    fn = tvm_ffi.get_global_func(tvm_relax.global_name(decode.OP))
     batch = make_batch(LENS, seed=2)
     out = np.full((4, K), SENTINEL, np.int32)
     with pytest.raises(TypeError, match="weights must be float32"):
@@ -62,7 +62,7 @@ def test_global_func_on_cuda_tensors():
     tvm_relax.register_global_funcs()
     batch = make_batch(LENS, seed=3)
     out = torch.full((4, K), SENTINEL, dtype=torch.int32, device="cuda")
-    tvm_ffi.get_global_func(tvm_relax.GLOBAL_NAME)(*batch.to_torch("cuda"), out)
+    tvm_ffi.get_global_func(tvm_relax.global_name(decode.OP))(*batch.to_torch("cuda"), out)
     torch.cuda.synchronize()
     assert_same(out.cpu().numpy(), batch, device="cuda")
 
@@ -130,7 +130,7 @@ def test_relax_topk_errors():
 def test_global_funcs_take_the_mtp_forms(form):
     """The DPS globals write either output form, [B, N, K] or [B * N, K]: the reference's bytes."""
     tvm_relax.register_global_funcs()
-    fn = tvm_ffi.get_global_func(tvm_relax.GLOBAL_NAME)
+    fn = tvm_ffi.get_global_func(tvm_relax.global_name(decode.OP))
     batch = mtp_batch(form, seed=60)
     for shape in (batch.output_shape(K), query_rows_shape(batch, K)):
         out = np.full(shape, SENTINEL, np.int32)

@@ -1,9 +1,9 @@
 """JAX with one process per device (``jax.distributed``): 2 and 4 CPU processes in CI, 2 GPUs on a
 GPU machine with two of them.
 
-Each case launches the processes through ``ffi_dsa.integration.jax_processes`` (the coordinator on
-localhost, a deadline for the whole launch), lets each process compute its rows in every layout of
-``jax_distributed.check_batches`` (a pool per process, the same with two queries per row and 32
+Each case launches the processes through ``benchmarks/jax_processes.py`` (the coordinator on
+localhost, a deadline for the whole launch), lets each process compute its rows through
+``ffi_dsa.jax_distributed`` in every layout of ``jax_processes.check_batches`` (a pool per process, the same with two queries per row and 32
 heads, one pool shared by all) and write its ids, then checks them here, independently of the
 processes' own check: every process's rows against the float64 reference with the contract's
 tolerance (``ffi_dsa.check_topk``), byte for byte against ``ffi_dsa.call`` on the same rows (CPU),
@@ -22,10 +22,13 @@ pytest.importorskip("jax")
 pytest.importorskip("jax_tvm_ffi")
 
 import ffi_dsa  # noqa: E402
-from ffi_dsa.integration import jax_distributed, jax_processes  # noqa: E402
-
-from conftest import CUDA, call_result  # noqa: E402
+from ffi_dsa import jax_distributed  # noqa: E402
 from ffi_dsa.workloads import Batch  # noqa: E402
+
+from conftest import CUDA, call_result, load_script  # noqa: E402
+
+jax_processes = load_script("benchmarks/jax_processes.py")
+bench_jax_processes = load_script("benchmarks/bench_jax_processes.py")
 
 LAUNCH_TIMEOUT_S = 240  # 4 processes importing JAX on a 2-core CI machine take ~10 s; a hang must not
 SEED = 5
@@ -58,7 +61,7 @@ def launch_and_load(processes: int, platform: str, out_dir) -> list[dict]:
 
 def check_every_process(results: list[dict], processes: int, compare_bytes: bool) -> None:
     for i, ids in enumerate(results):
-        layouts = jax_distributed.check_batches(i, processes, SEED)
+        layouts = jax_processes.check_batches(i, processes, SEED)
         assert sorted(ids) == sorted(name for name, _, _ in layouts)
         for name, _, args in layouts:
             got = ids[name]
@@ -95,7 +98,7 @@ def test_the_launch_reports_a_failing_process(tmp_path):
 
 def test_the_launch_kills_processes_at_its_deadline():
     start = time.perf_counter()
-    finished = jax_processes.launch(2, module="ffi_dsa.integration.jax_distributed", timeout=0.5, echo=False)
+    finished = jax_processes.launch(2, timeout=0.5, echo=False)
     assert time.perf_counter() - start < 30
     assert [f.returncode for f in finished] == [None, None]
     assert jax_processes.failures(finished) == ["process 0: killed at the deadline", "process 1: killed at the deadline"]
@@ -111,8 +114,6 @@ def test_initialize_names_its_bad_arguments():
 def test_the_benchmark_runs_on_cpu_processes(capsys):
     """bench_jax_processes end to end with tiny sizes (numbers not judged): both process counts give
     a row, each process having checked its ids before timing."""
-    from ffi_dsa.integration import bench_jax_processes
-
     rc = bench_jax_processes.main(["--platform", "cpu", "--processes", "1,2", "--rows", "2", "--context", "300",
                                    "--layers", "2", "--steps", "2", "--trace-steps", "0"])
     printed = capsys.readouterr().out

@@ -21,7 +21,7 @@ def schemas_of(module, table) -> dict[str, str]:
 
 def test_cpu_stubs_match_the_module():
     assert schemas_of(_ffi_api.cpu_module(), _native.CpuFunctions) == _native.SCHEMAS[_native.CpuFunctions]
-    assert _ffi_api.cpu().topk_indexer is _ffi_api.topk_indexer_for("cpu")
+    assert _ffi_api.cpu().topk_indexer is _ffi_api.kernel_for("topk_indexer", "cpu")
 
 
 @pytest.mark.cuda

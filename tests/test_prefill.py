@@ -21,7 +21,7 @@ import torch
 import ffi_dsa
 from ffi_dsa.contract import HEAD_DIM, NUM_HEADS_NARROW, PAGE_BYTES, PAGE_FP8_BYTES, PAGE_TOKENS
 from ffi_dsa.prefill_workloads import causal_ranges, make_exact_prefill_batch, make_prefill_batch
-from ffi_dsa.reference_prefill import key_ranges
+from ffi_dsa.prefill_reference import key_ranges
 
 from conftest import CUDA, DEVICES, FP8_NAN_BYTES, SENTINEL, assert_all_written, fp8_bytes, poisoned, poisoned_np
 
@@ -53,13 +53,13 @@ def on_device(args):
 
 
 def run_prefill(args, topk=K, *, sorted=False, ids="relative", validate=False) -> np.ndarray:
-    """``ffi_dsa.prefill_topk_indexer`` on the test's device into a poisoned buffer of q's framework;
+    """``ffi_dsa.prefill_call`` on the test's device into a poisoned buffer of q's framework;
     returns host int32 ``[M, topk]``, checked to be fully written."""
     args = on_device(args)
     q = args[0]
     torch_args = isinstance(q, torch.Tensor)
     out = poisoned((q.shape[0], topk), q.device) if torch_args else poisoned_np((q.shape[0], topk))
-    ffi_dsa.prefill_topk_indexer(*args, out, sorted=sorted, validate=validate, ids=ids)
+    ffi_dsa.prefill_call(*args, out, sorted=sorted, validate=validate, ids=ids)
     assert_all_written(out)
     return out.cpu().numpy() if torch_args else out
 
@@ -298,8 +298,8 @@ def test_empty_chunk_no_keys_and_k_zero():
     batch = make_prefill_batch([3, 4], seed=8)
     q, k, scale, w, ks, ke = batch.args()
     out = poisoned_np((0, K))
-    ffi_dsa.prefill_topk_indexer(q[:0], k, scale, w[:0], ks[:0], ke[:0], out)   # M = 0: nothing to write
-    assert ffi_dsa.prefill_topk(q, k, scale, w, ks, ke, topk=0).shape == (batch.rows, 0)
+    ffi_dsa.prefill_call(q[:0], k, scale, w[:0], ks[:0], ke[:0], out)   # M = 0: nothing to write
+    assert ffi_dsa.prefill_topk_indexer(q, k, scale, w, ks, ke, topk=0).shape == (batch.rows, 0)
     no_keys = run_prefill((q, k[:0], scale[:0], w, ks, ke))                       # N = 0: every row empty
     assert (no_keys == -1).all()
 
@@ -343,10 +343,10 @@ def test_validate_raises_naming_the_entry_and_writes_nothing(which, value, messa
     getattr(batch, which)[7] = value
     out = poisoned_np((batch.rows, K))
     with pytest.raises(ValueError, match=re.escape(message)):
-        ffi_dsa.prefill_topk_indexer(*batch.args(), out, validate=True)
+        ffi_dsa.prefill_call(*batch.args(), out, validate=True)
     assert (out == SENTINEL).all()
     with pytest.raises(ValueError, match=re.escape(message)):
-        ffi_dsa.prefill_topk(*batch.args(), topk=K, validate=True)
+        ffi_dsa.prefill_topk_indexer(*batch.args(), topk=K, validate=True)
     run_prefill(batch.args())  # without validate the kernel clamps
 
 
@@ -465,17 +465,17 @@ def test_fp8_views_and_frameworks_give_the_same_bytes():
     t = batch.to_torch()
     np.testing.assert_array_equal(run_prefill(t), expected)
     np.testing.assert_array_equal(run_prefill((t[0].view(torch.uint8), t[1].view(torch.int8), *t[2:])), expected)
-    got = ffi_dsa.prefill_topk(*t, topk=K)
+    got = ffi_dsa.prefill_topk_indexer(*t, topk=K)
     assert isinstance(got, torch.Tensor) and got.dtype == torch.int32
     np.testing.assert_array_equal(got.numpy(), expected)
-    got = ffi_dsa.prefill_topk(*batch.args(), topk=K)
+    got = ffi_dsa.prefill_topk_indexer(*batch.args(), topk=K)
     assert isinstance(got, np.ndarray)
     np.testing.assert_array_equal(got, expected)
 
 
 def test_default_topk_is_2048():
     batch = make_prefill_batch([2100], queries=[2], seed=19)
-    out = ffi_dsa.prefill_topk(*batch.args())
+    out = ffi_dsa.prefill_topk_indexer(*batch.args())
     assert out.shape == (2, 2048) and (out >= 0).all()
 
 
@@ -559,7 +559,7 @@ def test_bad_argument_raises_naming_it_and_writes_nothing(case):
     args = _good()
     args[which] = make_bad(args)
     with pytest.raises(error, match="^" + re.escape(message)):
-        ffi_dsa.prefill_topk_indexer(*args.values())
+        ffi_dsa.prefill_call(*args.values())
     out = args["topk_indices"]
     if isinstance(out, torch.Tensor) and out.device.type == "cpu":
         assert (out == SENTINEL).all(), "written before the error"
@@ -572,13 +572,13 @@ def test_the_good_arguments_run():
 def test_allocating_form_names_topk_and_ids():
     args = tuple(_good().values())[:6]
     with pytest.raises(ValueError, match=r"^topk must be <= 2048"):
-        ffi_dsa.prefill_topk(*args, topk=4096)
+        ffi_dsa.prefill_topk_indexer(*args, topk=4096)
     with pytest.raises(ValueError, match=r"^topk must be >= 0"):
-        ffi_dsa.prefill_topk(*args, topk=-1)
+        ffi_dsa.prefill_topk_indexer(*args, topk=-1)
     with pytest.raises(TypeError, match=r"^topk must be an int"):
-        ffi_dsa.prefill_topk(*args, topk=2.5)
-    for call in (lambda: ffi_dsa.prefill_topk(*args, ids="global"),
-                 lambda: ffi_dsa.prefill_topk_indexer(*args, poisoned((M, K)), ids="global")):
+        ffi_dsa.prefill_topk_indexer(*args, topk=2.5)
+    for call in (lambda: ffi_dsa.prefill_topk_indexer(*args, ids="global"),
+                 lambda: ffi_dsa.prefill_call(*args, poisoned((M, K)), ids="global")):
         with pytest.raises(ValueError, match=r"^ids must be 'relative'"):
             call()
 
@@ -588,19 +588,19 @@ def test_outputs_that_cannot_be_written_are_refused():
     read_only = poisoned_np((M, K))
     read_only.flags.writeable = False
     with pytest.raises(ValueError, match=r"^topk_indices is a read-only numpy array"):
-        ffi_dsa.prefill_topk_indexer(*batch.args(), read_only)
+        ffi_dsa.prefill_call(*batch.args(), read_only)
     jnp = pytest.importorskip("jax.numpy")
     with pytest.raises(TypeError, match=r"^topk_indices is a JAX array"):
-        ffi_dsa.prefill_topk_indexer(*batch.args(), jnp.zeros((M, K), jnp.int32))
+        ffi_dsa.prefill_call(*batch.args(), jnp.zeros((M, K), jnp.int32))
 
 
 def test_numpy_fp8_of_another_format_is_a_dtype_error():
     batch = make_prefill_batch([N], queries=[M], seed=23)
     q, k, *rest = batch.args()
     with pytest.raises(TypeError, match=r"^k must be float8_e4m3fn"):
-        ffi_dsa.prefill_topk_indexer(q, k.view(ml_dtypes.float8_e5m2), *rest, poisoned_np((M, K)))
+        ffi_dsa.prefill_call(q, k.view(ml_dtypes.float8_e5m2), *rest, poisoned_np((M, K)))
     with pytest.raises(TypeError, match=r"^k_scale must be not a float8 type"):
-        ffi_dsa.prefill_topk_indexer(q, k, rest[0].astype(ml_dtypes.float8_e4m3fn), *rest[1:], poisoned_np((M, K)))
+        ffi_dsa.prefill_call(q, k, rest[0].astype(ml_dtypes.float8_e4m3fn), *rest[1:], poisoned_np((M, K)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -615,5 +615,5 @@ def test_arguments_on_two_devices_are_refused_naming_one():
     on_cpu = batch.to_torch()
     out = poisoned((M, K))
     with pytest.raises(ValueError, match=r"^k is on device"):   # q on the CPU: the placement check
-        ffi_dsa.prefill_topk_indexer(on_cpu[0], args[1], *on_cpu[2:], out)
+        ffi_dsa.prefill_call(on_cpu[0], args[1], *on_cpu[2:], out)
     assert (out == SENTINEL).all()

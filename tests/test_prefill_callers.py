@@ -1,8 +1,8 @@
 """The prefill op's callers (docs/contract.md, prefill): torch.ops.dsa.prefill_topk_indexer(_out)
-(eager, opcheck, torch.compile), JAX (ffi_dsa.integration.jax_prefill: eager, jax.jit, vmap) and
-TVM (ffi_dsa.integration.tvm_relax: the DPS globals, and Relax through R.call_dps_packed; the
+(eager, opcheck, torch.compile), JAX (ffi_dsa.jax_ops: eager, jax.jit, vmap) and
+TVM (ffi_dsa.tvm_relax: the DPS globals, and Relax through R.call_dps_packed; the
 Relax cases skip without apache-tvm).
-Each must give exactly the bytes of ffi_dsa.prefill_topk_indexer on the same inputs, and name
+Each must give exactly the bytes of ffi_dsa.prefill_call on the same inputs, and name
 mistakes before anything is written. The CUDA cases (marked cuda) run where a GPU is present.
 """
 
@@ -19,7 +19,7 @@ import tvm_ffi
 
 import ffi_dsa
 from ffi_dsa.contract import NUM_HEADS, NUM_HEADS_NARROW
-from ffi_dsa.integration import torch_prefill_op, tvm_relax
+from ffi_dsa import prefill, torch_ops, tvm_relax
 from ffi_dsa.prefill_workloads import make_exact_prefill_batch, make_prefill_batch
 
 from conftest import SENTINEL, assert_all_written, poisoned, poisoned_np
@@ -35,10 +35,10 @@ CALLS = [pytest.param(s, i, id=f"{'sorted' if s else 'position'}-{i}") for s in 
 
 
 def dps_result(batch, topk=K, *, sorted=False, ids="relative") -> np.ndarray:
-    """ffi_dsa.prefill_topk_indexer on numpy inputs into a poisoned buffer: the bytes every caller
+    """ffi_dsa.prefill_call on numpy inputs into a poisoned buffer: the bytes every caller
     must reproduce."""
     out = poisoned_np((batch.rows, topk))
-    ffi_dsa.prefill_topk_indexer(*batch.args(), out, sorted=sorted, ids=ids)
+    ffi_dsa.prefill_call(*batch.args(), out, sorted=sorted, ids=ids)
     assert_all_written(out)
     return out
 
@@ -56,7 +56,7 @@ def assert_same(got, batch, topk=K, *, sorted=False, ids="relative") -> None:
 # ----------------------------------------------------------------------------------------------
 
 def test_import_ffi_dsa_registers_the_ops():
-    assert torch.ops.dsa.prefill_topk_indexer.default is torch_prefill_op.prefill_topk_indexer_op
+    assert torch.ops.dsa.prefill_topk_indexer.default is torch_ops.prefill_topk_indexer
     assert "Tensor(a!) topk_indices" in str(torch.ops.dsa.prefill_topk_indexer_out.default._schema)
 
 
@@ -156,12 +156,12 @@ def test_torch_topk_and_ids_errors():
 # ----------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def jax_prefill():
+def jax_ops():
     pytest.importorskip("jax")
     pytest.importorskip("jax_tvm_ffi")
-    from ffi_dsa.integration import jax_prefill
+    from ffi_dsa import jax_ops
 
-    return jax_prefill
+    return jax_ops
 
 
 def jax_args(batch, fp8=True):
@@ -176,18 +176,18 @@ def jax_args(batch, fp8=True):
 
 
 @pytest.mark.parametrize("sorted_,ids", CALLS)
-def test_jax_eager_and_jit_match_dps(jax_prefill, sorted_, ids):
+def test_jax_eager_and_jit_match_dps(jax_ops, sorted_, ids):
     import jax
 
     batch = make_prefill_batch(*CHUNK_A[:1], queries=CHUNK_A[1], seed=6)
     for fp8 in (True, False):
         args = jax_args(batch, fp8)
-        assert_same(jax_prefill.prefill_topk(*args, topk=K, sorted=sorted_, ids=ids), batch, sorted=sorted_, ids=ids)
-    jitted = jax.jit(jax_prefill.prefill_topk, static_argnames=("topk", "sorted", "ids"))
+        assert_same(ffi_dsa.prefill_topk_indexer(*args, topk=K, sorted=sorted_, ids=ids), batch, sorted=sorted_, ids=ids)
+    jitted = jax.jit(ffi_dsa.prefill_topk_indexer, static_argnames=("topk", "sorted", "ids"))
     assert_same(jitted(*args, topk=K, sorted=sorted_, ids=ids), batch, sorted=sorted_, ids=ids)
 
 
-def test_jax_inside_a_larger_jit_and_through_the_package(jax_prefill):
+def test_jax_inside_a_larger_jit_and_through_the_package(jax_ops):
     import jax
 
     batch = make_prefill_batch(*CHUNK_B[:1], queries=CHUNK_B[1], seed=7)
@@ -195,18 +195,18 @@ def test_jax_inside_a_larger_jit_and_through_the_package(jax_prefill):
 
     @jax.jit
     def step(q, k, scale, w, ks, ke):
-        idx = jax_prefill.prefill_topk(q, k, scale, w * 2.0, ks, ke, topk=K, ids="absolute")
+        idx = ffi_dsa.prefill_topk_indexer(q, k, scale, w * 2.0, ks, ke, topk=K, ids="absolute")
         return idx, (idx >= 0).sum(axis=-1)
 
     idx, count = step(*args)
     assert_same(idx, batch, ids="absolute")
     np.testing.assert_array_equal(np.asarray(count), (np.asarray(idx) >= 0).sum(axis=-1))
-    got = ffi_dsa.prefill_topk(*args, topk=K, sorted=True)
+    got = ffi_dsa.prefill_topk_indexer(*args, topk=K, sorted=True)
     assert isinstance(got, jax.Array)
     assert_same(got, batch, sorted=True)
 
 
-def test_jax_vmap_over_chunks_sharing_k_is_one_call(jax_prefill):
+def test_jax_vmap_over_chunks_sharing_k_is_one_call(jax_ops):
     """Chunks over one key buffer fold into one call on their rows stacked (no loop), same bytes."""
     import jax
     import jax.numpy as jnp
@@ -214,7 +214,7 @@ def test_jax_vmap_over_chunks_sharing_k_is_one_call(jax_prefill):
     chunk = make_exact_prefill_batch([90, 30], seed=10)
     q, k, k_scale, weights, ks, ke = jax_args(chunk)
     flip = lambda x: jnp.stack([x, x[::-1]])  # noqa: E731  (element 1: the rows in reverse order)
-    fn = jax.jit(jax.vmap(lambda q_, w_, a_, b_: jax_prefill.prefill_topk(q_, k, k_scale, w_, a_, b_, topk=K)))
+    fn = jax.jit(jax.vmap(lambda q_, w_, a_, b_: ffi_dsa.prefill_topk_indexer(q_, k, k_scale, w_, a_, b_, topk=K)))
     args = (flip(q), flip(weights), flip(ks), flip(ke))
     jaxpr = str(jax.make_jaxpr(fn)(*args))
     rows = 2 * len(chunk.ks)
@@ -225,13 +225,13 @@ def test_jax_vmap_over_chunks_sharing_k_is_one_call(jax_prefill):
     np.testing.assert_array_equal(got[1], got[0][::-1])
 
 
-def test_jax_vmap_runs_each_element(jax_prefill):
+def test_jax_vmap_runs_each_element(jax_ops):
     import jax
     import jax.numpy as jnp
 
     chunks = [make_exact_prefill_batch([90, 30], seed=seed) for seed in (8, 9)]
     stacked = [jnp.stack(parts) for parts in zip(*(jax_args(c) for c in chunks))]
-    got = jax.jit(jax.vmap(lambda *a: jax_prefill.prefill_topk(*a, topk=K)))(*stacked)
+    got = jax.jit(jax.vmap(lambda *a: ffi_dsa.prefill_topk_indexer(*a, topk=K)))(*stacked)
     for chunk, g in zip(chunks, np.asarray(got)):
         assert_same(g, chunk)
 
@@ -241,31 +241,31 @@ def test_jax_vmap_runs_each_element(jax_prefill):
     (2, lambda a: a.astype("float16"), TypeError, "^k_scale must be float32"),
     (4, lambda a: a[:-1], ValueError, "^ks dimension 0"),
 ])
-def test_jax_errors_raise_at_trace_time(jax_prefill, index, edit, error, match):
+def test_jax_errors_raise_at_trace_time(jax_ops, index, edit, error, match):
     import jax
 
     args = jax_args(make_prefill_batch(*CHUNK_A[:1], queries=CHUNK_A[1], seed=10))
     args[index] = edit(args[index])
     with pytest.raises(error, match=match):
-        jax_prefill.prefill_topk(*args, topk=K)
+        ffi_dsa.prefill_topk_indexer(*args, topk=K)
     with pytest.raises(error, match=match):
-        jax.jit(jax_prefill.prefill_topk, static_argnames=("topk",))(*args, topk=K)
+        jax.jit(ffi_dsa.prefill_topk_indexer, static_argnames=("topk",))(*args, topk=K)
 
 
-def test_jax_topk_and_ids_errors(jax_prefill):
+def test_jax_topk_and_ids_errors(jax_ops):
     args = jax_args(make_prefill_batch(*CHUNK_A[:1], queries=CHUNK_A[1], seed=11))
     with pytest.raises(ValueError, match="K <= 2048"):
-        jax_prefill.prefill_topk(*args, topk=4096)
+        ffi_dsa.prefill_topk_indexer(*args, topk=4096)
     with pytest.raises(ValueError, match="^ids must be"):
-        jax_prefill.prefill_topk(*args, topk=K, ids="global")
+        ffi_dsa.prefill_topk_indexer(*args, topk=K, ids="global")
     with pytest.raises(ValueError, match=r"^ks\[3\] = -1 is negative"):
         args[4] = args[4].at[3].set(-1)
-        ffi_dsa.prefill_topk(*args, topk=K, validate=True)
+        ffi_dsa.prefill_topk_indexer(*args, topk=K, validate=True)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("sorted_,ids", [(False, "relative"), (True, "absolute")])
-def test_jax_gpu_matches_the_dps_call_under_jit(jax_prefill, sorted_, ids):
+def test_jax_gpu_matches_the_dps_call_under_jit(jax_ops, sorted_, ids):
     import jax
 
     try:
@@ -274,7 +274,7 @@ def test_jax_gpu_matches_the_dps_call_under_jit(jax_prefill, sorted_, ids):
         pytest.skip("needs a JAX GPU")
     batch = make_exact_prefill_batch(*CHUNK_A[:1], queries=CHUNK_A[1], seed=12)
     args = [jax.device_put(a, gpu) for a in jax_args(batch)]
-    fn = jax.jit(jax_prefill.prefill_topk, static_argnames=("topk", "sorted", "ids"))
+    fn = jax.jit(ffi_dsa.prefill_topk_indexer, static_argnames=("topk", "sorted", "ids"))
     out = fn(*args, topk=K, sorted=sorted_, ids=ids)
     assert next(iter(out.devices())).platform == "gpu"
     np.testing.assert_array_equal(np.asarray(out), ffi_dsa.reference_prefill(*batch.args(), topk=K, sorted=sorted_,
@@ -303,7 +303,7 @@ def chunk_with_an_empty_row(lens, queries, seed, **kwargs):
 @pytest.mark.parametrize("sorted_,ids", CALLS)
 def test_tvm_global_funcs_are_dps(sorted_, ids):
     tvm_relax.register_global_funcs()
-    name = tvm_relax.prefill_global_name(sorted_, ids)
+    name = tvm_relax.global_name(prefill.OP, sorted=sorted_, ids=ids)
     assert name == "ffi_dsa.prefill_topk_indexer" + "_sorted" * sorted_ + "_absolute" * (ids == "absolute")
     batch = chunk_with_an_empty_row(*CHUNK_A, seed=20)
     out = poisoned_np((batch.rows, K))
@@ -314,7 +314,7 @@ def test_tvm_global_funcs_are_dps(sorted_, ids):
 
 def test_tvm_global_func_errors_name_the_argument_and_write_nothing():
     tvm_relax.register_global_funcs()
-    fn = tvm_ffi.get_global_func(tvm_relax.PREFILL_GLOBAL_NAME)
+    fn = tvm_ffi.get_global_func(tvm_relax.global_name(prefill.OP))
     q, k, scale, w, ks, ke = make_prefill_batch(*CHUNK_A[:1], queries=CHUNK_A[1], seed=21).args()
     out = poisoned_np((len(ks), K))
     with pytest.raises(TypeError, match="^weights must be float32"):
@@ -343,7 +343,7 @@ def prefill_vm(topk=K, sorted_=False, ids="relative"):
 @pytest.mark.parametrize("sorted_,ids", CALLS)
 def test_tvm_relax_matches_dps(sorted_, ids):
     """One build, symbolic M and N: two chunks of different sizes, each with an empty row, fp8 or
-    uint8 q and k, give ffi_dsa.prefill_topk_indexer's bytes."""
+    uint8 q and k, give ffi_dsa.prefill_call's bytes."""
     vm = prefill_vm(K, sorted_, ids)
     for seed, (lens, queries) in enumerate((CHUNK_A, CHUNK_B)):
         batch = chunk_with_an_empty_row(lens, queries, seed=22 + seed, spare_keys=seed * 5)

@@ -27,7 +27,7 @@ ORDERS = [pytest.param(False, id="position_order"), pytest.param(True, id="sorte
 def run_cuda(batch: PrefillBatch, topk, *, sorted=False, ids="relative") -> np.ndarray:
     args = batch.to_torch("cuda")
     out = poisoned((batch.rows, topk), "cuda")
-    ffi_dsa.prefill_topk_indexer(*args, out, sorted=sorted, ids=ids)
+    ffi_dsa.prefill_call(*args, out, sorted=sorted, ids=ids)
     assert_all_written(out)
     return out.cpu().numpy()
 
@@ -144,7 +144,7 @@ def test_a_causal_prompt_like_the_chain_kit_calls_it():
     chunked = poisoned((5000, 2048), "cuda")
     for a in range(0, 5000, 1024):
         b = min(5000, a + 1024)
-        ffi_dsa.prefill_topk_indexer(args[0][a:b], args[1][:b], args[2][:b], args[3][a:b], args[4][a:b],
+        ffi_dsa.prefill_call(args[0][a:b], args[1][:b], args[2][:b], args[3][a:b], args[4][a:b],
                                      args[5][a:b], chunked[a:b])
     np.testing.assert_array_equal(chunked.cpu().numpy(), whole)
 
@@ -169,7 +169,7 @@ def test_unaligned_views_are_refused_naming_the_argument():
         args = [q, k, k_scale, w, ks, ke]
         args[position] = bad[position]
         with pytest.raises(ValueError, match=rf"^{name} must start on a 16-byte boundary"):
-            ffi_dsa.prefill_topk_indexer(*args, out)
+            ffi_dsa.prefill_call(*args, out)
         assert (out == SENTINEL).all()
 
 
@@ -179,11 +179,11 @@ def test_graph_replay_sees_new_inputs():
     second = make_prefill_batch([3000, 500], queries=[300, 200], seed=39)
     args = first.to_torch("cuda")
     out = poisoned((first.rows, 2048), "cuda")
-    ffi_dsa.prefill_topk_indexer(*args, out)  # outside capture: builds the module, sets attributes
+    ffi_dsa.prefill_call(*args, out)  # outside capture: builds the module, sets attributes
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ffi_dsa.prefill_topk_indexer(*args, out)
+        ffi_dsa.prefill_call(*args, out)
     for src, dst in zip(second.to_torch("cuda"), args):
         dst.copy_(src)
     out.fill_(SENTINEL)
@@ -208,5 +208,5 @@ def test_same_bytes_as_the_cpu_path_on_exact_data():
     batch = make_exact_prefill_batch([2600, 700, 64], queries=[40, 700, 64], seed=41)
     for sorted_ in (False, True):
         cpu = np.full((batch.rows, 512), SENTINEL, np.int32)
-        ffi_dsa.prefill_topk_indexer(*batch.args(), cpu, sorted=sorted_)
+        ffi_dsa.prefill_call(*batch.args(), cpu, sorted=sorted_)
         np.testing.assert_array_equal(run_cuda(batch, 512, sorted=sorted_), cpu)

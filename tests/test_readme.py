@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
 import re
 import socket
 import subprocess
@@ -16,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-import ffi_dsa
+from conftest import script_env
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 README = CHECKOUT / "README.md"
 DOCUMENTS = (README, CHECKOUT / "docs" / "callers.md")
 # what README.md must show a runnable snippet of, and how to recognize it
 CALLERS = {"the op on numpy": "ffi_dsa.topk_indexer(", "torch": "torch.ops.dsa.topk_indexer(",
-           "torch.compile": "@torch.compile", "JAX": "jax_ffi import topk_indexer", "TVM Relax": "tvm_relax.indexer_module",
-           "a serving engine": "sglang_indexer import", "prefill": "ffi_dsa.prefill_topk(",
-           "prefill in torch": "torch.ops.dsa.prefill_topk_indexer(", "prefill in JAX": "jax_prefill import",
+           "torch.compile": "@torch.compile", "JAX": "jax.jit(topk_indexer", "TVM Relax": "tvm_relax.indexer_module",
+           "a serving engine": "# SGLang", "prefill": "ffi_dsa.prefill_topk_indexer(",
+           "prefill in torch": "torch.ops.dsa.prefill_topk_indexer(", "prefill in JAX": "jax.jit(prefill_topk_indexer",
            "prefill in TVM Relax": "tvm_relax.prefill_module"}
 
 
@@ -74,8 +73,7 @@ def test_snippet_runs_by_itself(name, tmp_path):
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=str(Path(ffi_dsa.__file__).resolve().parent.parent),
-               RANK="0", WORLD_SIZE="1", MASTER_ADDR="localhost", MASTER_PORT=str(port))
+    env = dict(script_env(), RANK="0", WORLD_SIZE="1", MASTER_ADDR="localhost", MASTER_PORT=str(port))
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, f"the snippet failed:\n{code}\n--- stderr ---\n{done.stderr[-4000:]}"

@@ -31,11 +31,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from ffi_dsa.contract import MAX_QUERIES, NUM_HEADS, NUM_HEADS_NARROW  # noqa: E402
 import ffi_dsa  # noqa: E402
-from ffi_dsa.integration import jax_ffi, jax_prefill, jax_sharding  # noqa: E402
+from ffi_dsa import decode, jax_ops, jax_sharding, prefill  # noqa: E402
 from ffi_dsa.prefill_workloads import make_prefill_batch  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
 
-from conftest import assert_exact, call_result  # noqa: E402
+from conftest import assert_exact, call_result, script_env  # noqa: E402
 from mtp_batches import Form, mtp_batch  # noqa: E402
 
 DEVICES = 4
@@ -56,19 +56,18 @@ COLLECTIVE = re.compile(r"= (\w+\[[\d,]*\])\S* (all-gather|all-to-all|collective
                         r"(-start)?\(")
 # (on the GPU the call also returns its XLA scratch: "(s32[4,16]{1,0}, u8[1024]{0}) custom-call(")
 LOCAL_CALL = re.compile(r"= \(?(s32\[[\d,]*\])\S*?(?:, u8\[\d+\]\S*\))? custom-call\([^\n]*custom_call_target=\""
-                        + jax_ffi.TARGET)
-jitted = jax.jit(jax_ffi.topk_indexer, static_argnames=("topk", "sorted"))
+                        + jax_ops.target(decode.OP))
+jitted = jax.jit(ffi_dsa.topk_indexer, static_argnames=("topk", "sorted"))
 
 
-def test_cases_in_a_4_device_process():
+def test_cases_in_a_4_device_process(tmp_path):
     if ON_4:
         pytest.skip("this process has the devices: TestFourDevices runs here")
     flags = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={DEVICES}"
-    tests = Path(__file__).resolve().parent
     child = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve()),
          "-k", "TestFourDevices"],
-        cwd=tests.parent, env={**os.environ, "XLA_FLAGS": flags.strip()},
+        cwd=tmp_path, env={**script_env(), "XLA_FLAGS": flags.strip()},
         capture_output=True, text=True, timeout=300)
     summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else ""
     print(f"4-device subprocess: {summary}")
@@ -142,7 +141,7 @@ def test_sharding_rule_shares_b_only_among_dims_of_size_b():
         def t(*shape):
             return mlir.ir.RankedTensorType.get(shape, i32)
 
-        rule, extra = jax_sharding._sharding_rule(None, [t(4, 64, 128), t(9, 64, 1, 132), t(8, 64), t(4), t(4, 3)],
+        rule, extra = jax_sharding._sharding_rule_for(decode.OP.row_args)(None, [t(4, 64, 128), t(9, 64, 1, 132), t(8, 64), t(4), t(4, 3)],
                                                   [t(4, 16)])
     assert rule == "b a0d1 a0d2, a1d0 a1d1 a1d2 a1d3, a2d0 a2d1, b, b a4d1 -> b a5d1"
     assert "b" not in extra["need_replication_factors"] and "a2d0" in extra["need_replication_factors"]
@@ -154,7 +153,7 @@ def test_sharding_rule_shares_b_only_among_dims_of_size_b():
             return mlir.ir.RankedTensorType.get(shape, i32)
 
         # q [B, N, H, 128], weights [B, N, H], seq_lens [B, N], output [B, N, K]: b is dim 0 only
-        rule, _ = jax_sharding._sharding_rule(None, [t(4, 2, 32, 128), t(9, 64, 1, 132), t(4, 2, 32), t(4, 2),
+        rule, _ = jax_sharding._sharding_rule_for(decode.OP.row_args)(None, [t(4, 2, 32, 128), t(9, 64, 1, 132), t(4, 2, 32), t(4, 2),
                                                      t(4, 3)], [t(4, 2, 16)])
     assert rule == ("b a0d1 a0d2 a0d3, a1d0 a1d1 a1d2 a1d3, b a2d1 a2d2, b a3d1, b a4d1 -> b a5d1 a5d2")
 
@@ -166,7 +165,7 @@ def test_sharding_rule_shares_b_only_among_dims_of_size_b():
 def test_gpus_one_local_call_each(gpus, how, form):
     """The CPU cases' core on a mesh of 2 or 4 GPUs (skipped where the machine has fewer): 4 rows per
     GPU, no collective, the bytes of ffi_dsa.call on one GPU; also with N = 2 query tokens per row.
-    On the GPU the call also takes its XLA scratch output (jax_ffi._ffi_topk)."""
+    On the GPU the call also takes its XLA scratch output (jax_ops._local_call)."""
     if len(GPUS) < gpus:
         pytest.skip(f"needs {gpus} JAX GPUs, found {len(GPUS)}")
     rows = 4 * gpus
@@ -174,15 +173,15 @@ def test_gpus_one_local_call_each(gpus, how, form):
     mesh = mesh_of((gpus,), ("x",), GPUS)
     args = put(mesh, jax_args(batch), batch_specs())
     if how == "jit":
-        fn = jax.jit(lambda *a: jax_ffi.topk_indexer(*a, topk=K))
+        fn = jax.jit(lambda *a: ffi_dsa.topk_indexer(*a, topk=K))
     else:
-        fn = jax.jit(jax.shard_map(lambda *a: jax_ffi.topk_indexer(*a, topk=K), mesh=mesh,
+        fn = jax.jit(jax.shard_map(lambda *a: ffi_dsa.topk_indexer(*a, topk=K), mesh=mesh,
                                    in_specs=tuple(batch_specs()), out_specs=P("x")))
     text = hlo(fn, *args)
     assert collectives(text) == []
     local_shape = "4," + (f"{K}" if form is None else f"{form.queries},{K}")
     assert local_calls(text) == [f"s32[{local_shape}]"]
-    assert "u8[" in text.split("custom_call_target=\"" + jax_ffi.TARGET)[0].rsplit("\n", 1)[-1]  # its scratch
+    assert "u8[" in text.split("custom_call_target=\"" + jax_ops.target(decode.OP))[0].rsplit("\n", 1)[-1]  # its scratch
     np.testing.assert_array_equal(np.asarray(fn(*args)), call_result(batch, K, device="cuda"))
 
 
@@ -198,7 +197,7 @@ class TestFourDevices:
         before = jax.config.jax_use_shardy_partitioner
         jax.config.update("jax_use_shardy_partitioner", partitioner == "shardy")
         try:
-            fn = jax.jit(lambda *a: jax_ffi.topk_indexer(*a, topk=K, sorted=sorted_))
+            fn = jax.jit(lambda *a: ffi_dsa.topk_indexer(*a, topk=K, sorted=sorted_))
             text = hlo(fn, *args)
             got = fn(*args)
         finally:
@@ -217,10 +216,10 @@ class TestFourDevices:
         q, k, k_scale, weights, ks, ke = chunk.args()
         mesh = mesh_of()
         rows = len(ks)
-        fn = jax.jit(lambda *a: jax_prefill.prefill_topk(*a, topk=K))
+        fn = jax.jit(lambda *a: ffi_dsa.prefill_topk_indexer(*a, topk=K))
         if rows % DEVICES:  # a sharding constraint inside the jit: JAX refuses such a split at its boundary
             row = NamedSharding(mesh, P("x"))
-            fn = jax.jit(lambda q_, k_, s_, w_, ks_, ke_: jax_prefill.prefill_topk(
+            fn = jax.jit(lambda q_, k_, s_, w_, ks_, ke_: ffi_dsa.prefill_topk_indexer(
                 jax.lax.with_sharding_constraint(q_, row), k_, s_, jax.lax.with_sharding_constraint(w_, row),
                 jax.lax.with_sharding_constraint(ks_, row), jax.lax.with_sharding_constraint(ke_, row), topk=K))
             args = [jnp.asarray(q).view(jnp.float8_e4m3fn), jnp.asarray(k).view(jnp.float8_e4m3fn),
@@ -234,9 +233,9 @@ class TestFourDevices:
         # (the padded case returns its result replicated: JAX cannot return an unevenly sharded array)
         gathered = [] if rows % DEVICES == 0 else [(f"s32[{local * DEVICES},{K}]", "all-gather")]
         assert collectives(text) == gathered
-        assert re.findall(r"= (s32\[[\d,]*\])\S* custom-call\([^\n]*" + jax_prefill.TARGET, text) == [f"s32[{local},{K}]"]
+        assert re.findall(r"= (s32\[[\d,]*\])\S* custom-call\([^\n]*" + jax_ops.target(prefill.OP), text) == [f"s32[{local},{K}]"]
         want = np.full((rows, K), -7, np.int32)
-        ffi_dsa.prefill_topk_indexer(q, k, k_scale, weights, ks, ke, want)
+        ffi_dsa.prefill_call(q, k, k_scale, weights, ks, ke, want)
         np.testing.assert_array_equal(np.asarray(fn(*args)), want)
 
     def test_only_q_sharded_the_other_row_operands_follow(self):
@@ -268,7 +267,7 @@ class TestFourDevices:
 
         @jax.jit
         def step(q, k_cache, weights, seq_lens, block_table):
-            idx = jax_ffi.topk_indexer(q, k_cache, weights * 2.0, seq_lens, block_table, topk=K)
+            idx = ffi_dsa.topk_indexer(q, k_cache, weights * 2.0, seq_lens, block_table, topk=K)
             return idx, (idx >= 0).sum(axis=1)
 
         text = step.lower(*args).compile().as_text()
@@ -284,7 +283,7 @@ class TestFourDevices:
         mesh = mesh_of()
         specs = batch_specs()
         args = put(mesh, jax_args(batch), specs)
-        fn = jax.jit(jax.shard_map(lambda *a: jax_ffi.topk_indexer(*a, topk=K), mesh=mesh,
+        fn = jax.jit(jax.shard_map(lambda *a: ffi_dsa.topk_indexer(*a, topk=K), mesh=mesh,
                                    in_specs=tuple(specs), out_specs=P("x")))
         text = hlo(fn, *args)
         assert collectives(text) == []
@@ -301,7 +300,7 @@ class TestFourDevices:
         args = put(mesh, [q, k_cache, weights, seq_lens, jnp.asarray(local_table)], [P("x")] * 5)
 
         def per_device(q, k_cache, weights, seq_lens, block_table):
-            local = jax_ffi.topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=K)
+            local = ffi_dsa.topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=K)
             return local, jax_sharding.global_ids(local, pages, "x")
 
         fn = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P("x"),) * 5, out_specs=(P("x"), P("x"))))
@@ -338,7 +337,7 @@ class TestFourDevices:
         assert [x.shape[0] for x in padded] == [-(-batch_size // DEVICES) * DEVICES] * 4
         args = put(mesh, [padded[0], k_cache, *padded[1:]], batch_specs())
         want = call_result(batch, K)
-        for fn in (jitted, jax.jit(jax.shard_map(lambda *a: jax_ffi.topk_indexer(*a, topk=K), mesh=mesh,
+        for fn in (jitted, jax.jit(jax.shard_map(lambda *a: ffi_dsa.topk_indexer(*a, topk=K), mesh=mesh,
                                                   in_specs=tuple(batch_specs()), out_specs=P("x")))):
             kwargs = {"topk": K} if fn is jitted else {}
             text = fn.lower(*args, **kwargs).compile().as_text()
@@ -360,7 +359,7 @@ class TestFourDevices:
         @jax.jit
         def step(q, k_cache, weights, seq_lens, block_table):
             c = lambda a: jax.lax.with_sharding_constraint(a, rows)  # noqa: E731
-            return jax_ffi.topk_indexer(c(q), k_cache, c(weights), c(seq_lens), c(block_table), topk=K)
+            return ffi_dsa.topk_indexer(c(q), k_cache, c(weights), c(seq_lens), c(block_table), topk=K)
 
         text = step.lower(*args).compile().as_text()
         assert local_calls(text) == [f"s32[2,{K}]"]
@@ -421,7 +420,7 @@ class TestFourDevices:
         @jax.jit
         def step(q, k_cache, weights, seq_lens, block_table):
             c = lambda a: jax.lax.with_sharding_constraint(a, rows)  # noqa: E731
-            return jax_ffi.topk_indexer(c(q), k_cache, c(weights), c(seq_lens), c(block_table), topk=K)
+            return ffi_dsa.topk_indexer(c(q), k_cache, c(weights), c(seq_lens), c(block_table), topk=K)
 
         args = put(mesh, jax_args(batch), [P()] * 5)
         assert local_calls(step.lower(*args).compile().as_text()) == [f"s32[2,{form.queries},{K}]"]

@@ -1,4 +1,4 @@
-"""torch on several devices: one call per rank with torch.distributed (integration/torch_ranks.py).
+"""torch on several devices: one call per rank with torch.distributed (benchmarks/torch_ranks.py).
 
 Two ranks are spawned in a subprocess (gloo on the CPU; NCCL with one GPU per rank when two GPUs
 exist), and as many ranks as the machine has GPUs, each calls ``torch.ops.dsa.topk_indexer`` once
@@ -6,7 +6,7 @@ on its own rows and device, and rank 0 gathers the rows back. The result must be
 ``ffi_dsa.call`` on the whole batch on the same device type, for B divisible by the world size,
 not divisible, and smaller than it (a rank with no rows).
 
-The timing tool of the same layout (integration/bench_torch_ranks.py) runs here on two gloo ranks
+The timing tool of the same layout (benchmarks/bench_torch_ranks.py) runs here on two gloo ranks
 with tiny sizes: its tables must hold every world size and case, with times that add up.
 """
 
@@ -16,18 +16,16 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from ffi_dsa.contract import NUM_HEADS, NUM_HEADS_NARROW
-from ffi_dsa.integration import bench_torch_ranks, torch_ranks
+from conftest import CHECKOUT, assert_same_as_call, load_script, script_env
 
-from conftest import assert_same_as_call
-
-REPO = Path(__file__).resolve().parent.parent
+torch_ranks = load_script("benchmarks/torch_ranks.py")
+bench_torch_ranks = load_script("benchmarks/bench_torch_ranks.py")
 WORLD = 2
 K = 64
 SEED = 3
@@ -65,10 +63,10 @@ def assert_ranks_give_the_single_process_bytes(world, device, form, batch_sizes,
     out = tmp_path / "ids.npz"
     shape_args = ["--heads", str(heads)] + ([] if queries is None else ["--queries", str(queries)])
     child = subprocess.run(
-        [sys.executable, "-m", "ffi_dsa.integration.torch_ranks", "--world-size", str(world), "--device", device,
+        [sys.executable, str(CHECKOUT / "benchmarks" / "torch_ranks.py"), "--world-size", str(world), "--device", device,
          "--batch-sizes", ",".join(map(str, batch_sizes)), "--topk", str(K), "--seed", str(SEED), "--out", str(out),
          *shape_args],
-        cwd=REPO, capture_output=True, text=True, timeout=240)
+        cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=240)
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-4000:]
     got = np.load(out)
     for i, batch_size in enumerate(batch_sizes):
@@ -94,10 +92,10 @@ BENCH_ROWS, BENCH_LAYERS, BENCH_FIXED = 2, 2, 4
 def test_bench_tables_on_two_gloo_ranks(tmp_path):
     out = tmp_path / "table.json"
     child = subprocess.run(
-        [sys.executable, "-m", "ffi_dsa.integration.bench_torch_ranks", "--device", "cpu", "--world-sizes", "1,2",
+        [sys.executable, str(CHECKOUT / "benchmarks" / "bench_torch_ranks.py"), "--device", "cpu", "--world-sizes", "1,2",
          "--rows-per-rank", str(BENCH_ROWS), "--context", "512", "--layers", str(BENCH_LAYERS), "--steps", "3",
          "--queries", "1,2", "--fixed-batch", str(BENCH_FIXED), "--topk", str(K), "--json", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=240)
+        cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=240)
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-4000:]
     table = json.loads(out.read_text())
     assert table["device"] == "cpu" and table["skipped_world_sizes"] == []

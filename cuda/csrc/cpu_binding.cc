@@ -1,6 +1,7 @@
-// CPU module: checks the arguments once (validate.h) and forwards to the CPU path.
-// Every export carries its type schema (tvm-ffi's function metadata): ffi_dsa/_native.py's typed
-// stubs are checked against it by tests/test_native_stubs.py, so the two cannot drift apart.
+// The CPU module: each op's export checks the arguments once (validate/) and runs the op's CPU path
+// (cpu/); its _check_shapes twin runs the same checks on shapes and dtypes alone. Every export
+// carries its type schema (tvm-ffi's function metadata): ffi_dsa/_native.py's typed stubs are
+// checked against it by tests/test_native_stubs.py, so the two cannot drift apart.
 #define TVM_FFI_DLL_EXPORT_INCLUDE_METADATA 1
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/map.h>
@@ -9,11 +10,12 @@
 
 #include <string>
 
-#include "ffi_dsa/cpu/indexer_cpu.h"
+#include "ffi_dsa/cpu/decode_cpu.h"
 #include "ffi_dsa/cpu/prefill_cpu.h"
-#include "ffi_dsa/validate.h"
-#include "ffi_dsa/validate_prefill.h"
-#include "ffi_dsa/workspace_bytes.h"
+#include "ffi_dsa/cuda_archs.h"
+#include "ffi_dsa/validate/common.h"
+#include "ffi_dsa/validate/decode.h"
+#include "ffi_dsa/validate/prefill.h"
 
 namespace {
 
@@ -26,27 +28,27 @@ void TopkIndexerCpu(TensorView q, TensorView k_cache, TensorView weights, Tensor
                     TensorView block_table, TensorView topk_indices, bool sorted_by_score) {
   const ffi_dsa::IndexerArgs args =
       ffi_dsa::CheckIndexerArgs(q, k_cache, weights, seq_lens, block_table, topk_indices, kDLCPU);
-  ffi_dsa::cpu::RunIndexerCpu(args, sorted_by_score);
+  cpu::RunIndexerCpu(args, sorted_by_score);
 }
 
-ffi_dsa::ArgMeta Meta(const char* name, const Array<int64_t>& shape, DLDataType dtype) {
-  ffi_dsa::ArgMeta m;
-  m.name = name;
-  m.shape.assign(shape.begin(), shape.end());
-  m.dtype = dtype;
-  return m;
-}
-
-// The same checks on shapes and dtypes alone, for callers that validate before any buffer exists
+// Decode's checks on shapes and dtypes alone, for callers that validate before any buffer exists
 // (JAX under jit turns C++ errors into opaque runtime errors, so it asks first).
-void CheckShapes(Array<int64_t> q, DLDataType q_dtype, Array<int64_t> k_cache, DLDataType k_dtype,
-                 Array<int64_t> weights, DLDataType w_dtype, Array<int64_t> seq_lens, DLDataType s_dtype,
-                 Array<int64_t> block_table, DLDataType bt_dtype, Array<int64_t> topk_indices,
-                 DLDataType out_dtype) {
-  const auto& names = ffi_dsa::kArgNames;
-  ffi_dsa::CheckIndexerMeta(Meta(names[0], q, q_dtype), Meta(names[1], k_cache, k_dtype),
-                            Meta(names[2], weights, w_dtype), Meta(names[3], seq_lens, s_dtype),
-                            Meta(names[4], block_table, bt_dtype), Meta(names[5], topk_indices, out_dtype));
+void TopkIndexerCheckShapes(Array<Array<int64_t>> shapes, Array<DLDataType> dtypes) {
+  const auto m = ffi_dsa::ShapeArgMetas(ffi_dsa::kArgNames, shapes, dtypes);
+  ffi_dsa::CheckIndexerMeta(m[0], m[1], m[2], m[3], m[4], m[5]);
+}
+
+// Prefill (docs/contract.md §8): a chunk of query rows over a contiguous key buffer.
+void PrefillTopkIndexerCpu(TensorView q, TensorView k, TensorView k_scale, TensorView weights, TensorView ks,
+                           TensorView ke, TensorView topk_indices, bool sorted_by_score, bool absolute_ids) {
+  const ffi_dsa::PrefillArgs args =
+      ffi_dsa::CheckPrefillArgs(q, k, k_scale, weights, ks, ke, topk_indices, kDLCPU);
+  cpu::RunPrefillCpu(args, sorted_by_score, absolute_ids);
+}
+
+void PrefillTopkIndexerCheckShapes(Array<Array<int64_t>> shapes, Array<DLDataType> dtypes) {
+  const auto m = ffi_dsa::ShapeArgMetas(ffi_dsa::kPrefillArgNames, shapes, dtypes);
+  ffi_dsa::CheckPrefillMeta(m[0], m[1], m[2], m[3], m[4], m[5], m[6]);
 }
 
 // contract.h's layout constants, so that Python (ffi_dsa/contract.py) reads them instead of
@@ -96,39 +98,35 @@ void SetCpuThreads(int64_t threads) {
   cpu::RequestedCpuThreads().store(static_cast<int>(std::min<int64_t>(threads, INT32_MAX)));
 }
 
-// Prefill (docs/contract.md §8): a chunk of query rows over a contiguous key buffer.
-void PrefillTopkIndexerCpu(TensorView q, TensorView k, TensorView k_scale, TensorView weights, TensorView ks,
-                           TensorView ke, TensorView topk_indices, bool sorted_by_score, bool absolute_ids) {
-  const ffi_dsa::PrefillArgs args =
-      ffi_dsa::CheckPrefillArgs(q, k, k_scale, weights, ks, ke, topk_indices, kDLCPU);
-  cpu::RunPrefillCpu(args, sorted_by_score, absolute_ids);
+// The CUDA archs the sources hold kernels for (cuda_archs.h), by nvcc's names.
+Array<String> CudaArchs() {
+  Array<String> names;
+  for (const ffi_dsa::CudaArch& arch : ffi_dsa::kCudaArchs) names.push_back(String(arch.name));
+  return names;
 }
 
-// CheckShapes for prefill: the kernel's checks on shapes and dtypes alone, for JAX's trace time.
-void CheckPrefillShapes(Array<int64_t> q, DLDataType q_dtype, Array<int64_t> k, DLDataType k_dtype,
-                        Array<int64_t> k_scale, DLDataType scale_dtype, Array<int64_t> weights, DLDataType w_dtype,
-                        Array<int64_t> ks, DLDataType ks_dtype, Array<int64_t> ke, DLDataType ke_dtype,
-                        Array<int64_t> topk_indices, DLDataType out_dtype) {
-  const auto& names = ffi_dsa::kPrefillArgNames;
-  ffi_dsa::CheckPrefillMeta(Meta(names[0], q, q_dtype), Meta(names[1], k, k_dtype),
-                            Meta(names[2], k_scale, scale_dtype), Meta(names[3], weights, w_dtype),
-                            Meta(names[4], ks, ks_dtype), Meta(names[5], ke, ke_dtype),
-                            Meta(names[6], topk_indices, out_dtype));
+// The scratch a CUDA decode call of these shapes takes on `arch`'s kernels, for JAX's trace time.
+int64_t WorkspaceBytes(String arch, int64_t query_rows, int64_t max_pages) {
+  for (const ffi_dsa::CudaArch& known : ffi_dsa::kCudaArchs) {
+    if (std::string(arch) == known.name) return known.decode_workspace_bytes(query_rows, max_pages);
+  }
+  TVM_FFI_THROW(ValueError) << "no ffi_dsa kernels for the CUDA arch '" << std::string(arch) << "'";
 }
 
 }  // namespace
 
-// DPS: (inputs..., output, scalar attrs) with no Optional arguments, the shape JAX's FFI needs.
+// Each op: DPS, (inputs..., output, scalar attrs) with no Optional arguments, the shape JAX's FFI
+// needs; and its checks on shapes and dtypes alone.
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_indexer, TopkIndexerCpu);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(check_shapes, CheckShapes);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_indexer_check_shapes, TopkIndexerCheckShapes);
+// absolute_ids is ids="absolute".
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(prefill_topk_indexer, PrefillTopkIndexerCpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(prefill_topk_indexer_check_shapes, PrefillTopkIndexerCheckShapes);
+
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(contract_constants, ContractConstants);
-// The scratch bytes a CUDA call of these shapes may take (workspace_bytes.h), for JAX's trace time.
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(workspace_bytes, ffi_dsa::WorkspaceBytes);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(cuda_archs, CudaArchs);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(workspace_bytes, WorkspaceBytes);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(set_cpu_kernel, SetCpuKernel);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cpu_kernel, CpuKernelInEffect);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cpu_kernels, CpuKernels);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(set_cpu_threads, SetCpuThreads);
-
-// DPS like topk_indexer: (inputs..., output, scalar attrs); absolute_ids is ids="absolute".
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(prefill_topk_indexer, PrefillTopkIndexerCpu);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(prefill_check_shapes, CheckPrefillShapes);

@@ -38,17 +38,19 @@ struct ClusterOccupancy {
 // SelectRowsKernel gives a row one CTA up to slice_keys keys (sm90_select_rows.cuh: kSliceKeys), and
 // a cluster of more CTAs beyond: cluster barriers and DSMEM reads add latency, so a cluster pays
 // only for rows too long for one SM. Rows longer than the largest cluster's slices give each CTA a
-// longer slice.
+// longer slice. The clusters are sized for `planned_tokens`, the longest row the call plans for:
+// the block table's width, or the caller's bound on the batch's longest row (a serving engine's
+// table is far wider than its rows). A row longer than planned still gets its exact top-K, from
+// longer slices; a row of at most slice_keys tokens is a cluster's first CTA's alone.
 // `fused_fits`: the fused path is enabled (launch/tuning.h) and a CTA's shared memory holds the row's
 // N queries and N x the table's width of keys.
-inline Schedule PlanSchedule(int64_t batch, int64_t queries, int64_t max_pages, int num_sms, int64_t slice_keys,
-                             const ClusterOccupancy& occupancy, bool fused_fits) {
-  const int64_t max_tokens = std::max<int64_t>(1, max_pages) * kPageTokens;
+inline Schedule PlanSchedule(int64_t batch, int64_t queries, int64_t max_pages, int64_t planned_tokens, int num_sms,
+                             int64_t slice_keys, const ClusterOccupancy& occupancy, bool fused_fits) {
   Schedule s;
   s.score_ctas = static_cast<int32_t>(std::clamp<int64_t>(batch * std::max<int64_t>(1, max_pages), 1,
                                                           std::max(1, num_sms)));
   int cluster =
-      static_cast<int>(std::clamp<int64_t>((max_tokens + slice_keys - 1) / slice_keys, 1, kMaxSelectCluster));
+      static_cast<int>(std::clamp<int64_t>((planned_tokens + slice_keys - 1) / slice_keys, 1, kMaxSelectCluster));
   // At most one wave (a second wave of clusters costs more than longer slices per CTA): the
   // largest cluster of which every query row's cluster is resident at once. A GPC holds whole
   // clusters, so that is not SMs / cluster size; a size that does not fit at all has 0. Example:

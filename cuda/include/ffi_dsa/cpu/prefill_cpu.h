@@ -1,4 +1,4 @@
-// The CPU path of prefill (docs/contract.md, prefill): each query row scores its keys [ks, ke) with
+// Prefill on the CPU (docs/contract.md, prefill): each query row scores its keys [ks, ke) with
 // decode's scoring variants and selects with decode's SelectTopK, so scores, ranks, ties and NaN are
 // decode's bit for bit. The variants read packed pages (64 fp8 rows, then 64 scales): a work item
 // copies its keys and their scales into pages of that layout first (132 bytes a key, next to the
@@ -13,9 +13,9 @@
 
 #include "ffi_dsa/contract.h"
 #include "ffi_dsa/cpu/dispatch.h"
-#include "ffi_dsa/cpu/indexer_cpu.h"
+#include "ffi_dsa/cpu/parallel.h"
 #include "ffi_dsa/cpu/select_topk.h"
-#include "ffi_dsa/validate_prefill.h"
+#include "ffi_dsa/validate/prefill.h"
 
 namespace ffi_dsa::cpu {
 

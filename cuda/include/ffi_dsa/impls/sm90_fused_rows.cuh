@@ -126,7 +126,6 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     WriteUnscoredQueries(p, row, length, smem.select);
     return;
   }
-  ResetClusterSelect(smem.select.select);
   const int32_t* table = p.block_table + row * p.max_pages;
   int32_t* row_pages = smem.select.slice_pages;
   const int wg = tid / kWarpgroupThreads;
@@ -168,19 +167,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
 
   // ---- score the row's queries into shared memory -------------------------------------------
   using Groups = PageGroups<kHeads, kQueries>;
-  constexpr int kSlots = Groups::kSlots;
   const int warp = (tid % kWarpgroupThreads) / 32, lane = tid % 32;
   // wgmma m64nN accumulator rows r0 and r0 + 8; after the quad reduction a lane's scores are of
   // token r0 + 8 * (lane & 1).
   const int r0 = 16 * warp + lane / 4;
   const int token = r0 + 8 * (lane & 1);
-  // This lane's slots (sm90_page_epilogue.cuh), and this thread's share of each slot's stats,
-  // gathered while scoring.
+  // This lane's slots (sm90_page_epilogue.cuh).
   LaneSlots<kHeads, kQueries> slots;
   slots.Set(length, written, lane);
-  SliceStats stats[kSlots];
-#pragma unroll
-  for (int x = 0; x < kSlots; ++x) stats[x] = EmptyStats();
   RowWeights<kHeads, kQueries, kFusedHeldWeights> weights;
   if (wg < pages) {
     weights.Load(fp.weights + row * queries * kHeads, lane);
@@ -219,9 +213,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
         const int slot = Groups::FirstSlot(g) + x;
         const int32_t t = page_t0 + token;
         if (t < slots.written[slot]) {
-          const uint32_t key = t < slots.length[slot] ? keys[x] : kNotCandidate;
-          AddKey(stats[slot], key);
-          row_keys[slots.query[slot] * fp.key_stride + t] = key;
+          row_keys[slots.query[slot] * fp.key_stride + t] = t < slots.length[slot] ? keys[x] : kNotCandidate;
         }
       }
     });
@@ -232,18 +224,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
 #pragma unroll
   for (int j = 0; j < kQueries; ++j) {
     if (!((scored >> j) & 1)) continue;
-    if (!first_select) {
-      __syncthreads();  // the previous select's reads of the shared state are done
-      ResetClusterSelect(smem.select.select);
-      __syncthreads();
-    }
+    if (!first_select) __syncthreads();  // the previous select's reads of the shared state are done
     first_select = false;
-    SliceStats query_stats = EmptyStats();  // this thread's share of query j's (one slot at most)
-#pragma unroll
-    for (int x = 0; x < kSlots; ++x) {
-      if (slots.query[x] == j) query_stats = stats[x];
-    }
+    ResetClusterSelect(smem.select.select);
     const KeySpan keys{row_keys + j * fp.key_stride, nullptr, static_cast<uint32_t>(length[j])};
+    // This thread's share of the query's stats: one pass over its keys in shared memory (cheaper
+    // than a summary kept per key in the issue-bound page loop).
+    SliceStats query_stats = EmptyStats();
+    if (ThresholdNeeded(length[j], p.topk)) ForEachKey(keys, [&](uint32_t key) { AddKey(query_stats, key); });
     SelectSlice(p, smem.select, row * queries + j, row, length[j], /*begin=*/0, keys, query_stats, row_pages,
                 /*landed=*/nullptr, /*cluster_size=*/1, /*cluster_rank=*/0);
   }

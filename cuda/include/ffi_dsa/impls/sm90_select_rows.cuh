@@ -7,8 +7,9 @@
 // from L2 on every pass. Launched with programmatic stream serialization: its CTAs are placed
 // while ScorePagesKernel runs, read their inputs (lengths, page ids) and then wait for its keys.
 // Rows that need no scores (at most K tokens, position order) are written without keys; when no
-// row needs scores this kernel runs alone (no workspace). SelectSlice is FusedRowsKernel's select
-// too.
+// row needs scores this kernel runs alone (no workspace). A row of at most kSliceKeys tokens is the
+// cluster's first CTA's alone (the others leave at once), so a cluster sized for the block table's
+// width costs short rows no cluster work. SelectSlice is FusedRowsKernel's select too.
 #pragma once
 #include <cstdint>
 
@@ -16,32 +17,11 @@
 #include "ffi_dsa/impls/sm90_cluster_topk.cuh"
 #include "ffi_dsa/impls/sm90_ptx.cuh"
 #include "ffi_dsa/impls/sm90_rows.cuh"
+#include "ffi_dsa/impls/sm90_select_params.cuh"
 #include "ffi_dsa/rank_key.h"
 #include "ffi_dsa/sm90_schedule.h"
 
 namespace ffi_dsa::sm90 {
-
-struct SelectParams {
-  const uint32_t* keys;  // [B * N, row_stride], written by ScorePagesKernel for t < the query's length
-  const int32_t* seq_lens;
-  const int32_t* block_table;
-  int32_t* topk_indices;
-  int64_t row_stride;
-  int64_t num_pages;  // page ids outside [0, num_pages) are invalid
-  int32_t max_pages;
-  int32_t topk;
-  QueryShape qs;
-  uint32_t staged_capacity;  // keys of shared memory behind SelectSmem (a multiple of 64)
-  bool sorted;
-  // No ScorePagesKernel in front and launched with programmatic stream serialization: the stream's
-  // previous kernel may still be writing seq_lens and the block table, so wait before any read.
-  bool wait_before_inputs;
-  // The stream's next kernel, if launched with programmatic stream serialization, may be placed
-  // before this grid completes (launch/tuning.h: programmatic_launch; false: it starts only after
-  // our completion). Never while a CTA still reads the workspace: once the call returns, that memory
-  // is the allocator's.
-  bool let_next_in;
-};
 
 // Keys one CTA selects alone; a longer row gets a cluster of ceil(n / kSliceKeys) CTAs. Not
 // smaller slices: every cluster phase waits for the slowest CTA and pays a DSMEM round trip, which
@@ -105,7 +85,9 @@ __device__ void WriteWholeRow(const SelectParams& p, int64_t query_row, int64_t 
   for (int64_t t = tid; t < n; t += kSelectThreads) {
     const int i = static_cast<int>(t / kPageTokens);
     const int32_t page = smem.slice_pages[i];
-    if (page >= 0) out[s.chunk_offsets[i] + t % kPageTokens] = page * kPageTokens + t % kPageTokens;
+    if (page >= 0) {
+      out[s.chunk_offsets[i] + t % kPageTokens] = p.positions ? static_cast<int32_t>(t) : page * kPageTokens + t % kPageTokens;
+    }
   }
 #pragma unroll 1
   for (uint32_t i = count + tid; i < static_cast<uint32_t>(p.topk); i += kSelectThreads) out[i] = -1;
@@ -248,7 +230,9 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
           const uint32_t before = s.chunk_offsets[(t + u) * kSelectWarps + warp];
           slot += greater_carry + equal_carry + (before >> 16) + (before & 0xFFFFu);
           if (wins[0] || wins[1] || wins[2] || wins[3]) {  // (pos is inside the slice: its page exists)
-            const int32_t first_id = p.sorted ? 0 : GlobalTokenId(pages, pos);  // the quad shares a page
+            // The quad shares a page.
+            const int32_t first_id =
+                p.sorted ? 0 : (p.positions ? static_cast<int32_t>(begin + pos) : GlobalTokenId(pages, pos));
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
               if (wins[i] && slot < topk) {
@@ -295,7 +279,7 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
             const uint32_t slot = wins ? greater + min(equal, th.ties) : greater + equal;
             if ((wins || (ties && equal < th.ties)) && slot < topk) {
               if (!p.sorted) {
-                out[slot] = GlobalTokenId(pages, pos + i);
+                out[slot] = p.positions ? static_cast<int32_t>(begin + pos + i) : GlobalTokenId(pages, pos + i);
               } else {
                 words[slot] = RankWord(key, static_cast<uint32_t>(begin + pos + i));
               }
@@ -324,7 +308,12 @@ __device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& s
       const int32_t* row_table = p.block_table + row * p.max_pages;
 #pragma unroll 1
       for (uint32_t i = tid; i < topk; i += kSelectThreads) {
-        out[i] = i < selected ? GlobalTokenId(row_table, RankWordPosition(s.sorting.words[i])) : -1;
+        int32_t id = -1;
+        if (i < selected) {
+          const uint32_t t = RankWordPosition(s.sorting.words[i]);
+          id = p.positions ? static_cast<int32_t>(t) : GlobalTokenId(row_table, t);
+        }
+        out[i] = id;
       }
     }
   }
@@ -363,9 +352,16 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
     WaitForPrecedingGrid();
     return;
   }
+  // A row one CTA selects best alone is the first CTA's, whatever the cluster size.
+  const bool alone = n <= kSliceKeys;
+  if (alone && cluster_rank != 0) {
+    if (p.let_next_in) AllowDependentLaunch();  // reads no keys; the first CTA waits for ScorePagesKernel
+    return;
+  }
+  const int ctas = alone ? 1 : cluster_size, rank = alone ? 0 : cluster_rank;
   ResetClusterSelect(s);
-  const int64_t slice = SliceLength(n, cluster_size);
-  const int64_t begin = min(n, cluster_rank * slice);
+  const int64_t slice = SliceLength(n, ctas);
+  const int64_t begin = min(n, rank * slice);
   const uint32_t m = static_cast<uint32_t>(min(n, begin + slice) - begin);
   const bool staged = m <= p.staged_capacity;
   const uint32_t* slice_keys = p.keys + query_row * p.row_stride + begin;
@@ -395,8 +391,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
     ForEachKey(KeySpan{nullptr, slice_keys, m}, [&](uint32_t key) { AddKey(thread_stats, key); });
   }
   SelectSlice(p, smem, query_row, row, n, begin, KeySpan{staged ? staged_keys : nullptr, slice_keys, m}, thread_stats,
-              staged ? smem.slice_pages : table, staged && m > 0 ? &smem.keys_landed : nullptr, cluster_size,
-              cluster_rank);
+              staged ? smem.slice_pages : table, staged && m > 0 ? &smem.keys_landed : nullptr, ctas, rank);
 }
 
 }  // namespace ffi_dsa::sm90

@@ -1,4 +1,4 @@
-// One prefill call on the CUDA path: PrefillRowsKernel, a CTA per block of query rows, on the
+// One prefill call on the sm90 path: PrefillRowsKernel, a CTA per block of query rows, on the
 // caller's stream. No workspace and nothing read back on the host, so a call can be captured in a
 // CUDA graph.
 #pragma once
@@ -8,11 +8,10 @@
 #include <cstdint>
 
 #include "ffi_dsa/impls/sm90_prefill_rows.cuh"
-#include "ffi_dsa/launch/device_facts.h"
-#include "ffi_dsa/launch/sm90_launch.cuh"
-#include "ffi_dsa/launch/tensor_maps.h"
+#include "ffi_dsa/launch/kernel_launch.cuh"
+#include "ffi_dsa/launch/sm90_prefill_tensor_maps.h"
 #include "ffi_dsa/launch/tuning.h"
-#include "ffi_dsa/validate_prefill.h"
+#include "ffi_dsa/validate/prefill.h"
 
 namespace ffi_dsa::sm90 {
 

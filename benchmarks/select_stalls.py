@@ -1,0 +1,67 @@
+"""Where a select kernel's warps wait (Nsight Compute): stall reasons, issue rate, instructions.
+
+    python benchmarks/select_stalls.py [W1,W5,W6] [--queries N]      (a GPU with `ncu` on PATH)
+
+For each workload it runs the call twice in a child process under ncu (L2 left as the first call
+leaves it, clocks alone: `--cache-control none --clock-control none`) and prints, for the second
+call's SelectRowsKernel and FusedRowsKernel, ncu's warp-state, scheduler and instruction sections
+and the source lines where most stall samples fall. A select is a latency chain on few warps, so
+its stall mix (instruction fetch, barriers, shared-memory or L2 latency) says what to shorten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+
+KERNELS = "regex:SelectRowsKernel|FusedRowsKernel"
+SECTIONS = ("WarpStateStats", "SchedulerStats", "InstructionStats", "LaunchStats", "SourceCounters")
+
+
+def child(name: str, queries: int | None) -> int:
+    import torch
+
+    import ffi_dsa
+    from bench_gpu import TOPK, workloads
+    from ffi_dsa import _ffi_api
+    from gpu_batches import make_batch_torch
+
+    _ffi_api.cuda_module()
+    batch = make_batch_torch(workloads()[name]["lens"], seed=5, device="cuda", queries=queries)
+    out = torch.full(batch.output_shape(TOPK), -7, dtype=torch.int32, device="cuda")
+    for _ in range(2):
+        ffi_dsa.call(*batch.args(), out)
+    torch.cuda.synchronize()
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workloads", nargs="?", default="W1,W5,W6")
+    parser.add_argument("--queries", type=int, default=None)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    a = parser.parse_args(argv)
+    if a.child:
+        return child(a.child, a.queries)
+    ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+    extra = ["--queries", str(a.queries)] if a.queries else []
+    for name in a.workloads.split(","):
+        cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--kernel-name", KERNELS,
+               "--launch-skip", "1", "--launch-count", "1", "--import-source", "yes"]
+        for section in SECTIONS:
+            cmd += ["--section", section]
+        cmd += [sys.executable, __file__, "--child", name, *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        print(f"==== {name} (N = {a.queries or 1}) ====")
+        keep = [ln for ln in proc.stdout.splitlines()
+                if ln.strip() and not ln.startswith("==PROF==") and "----" not in ln]
+        print("\n".join(keep[-120:]))
+        if proc.returncode != 0:
+            print(proc.stderr[-1500:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

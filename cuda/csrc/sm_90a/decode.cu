@@ -1,0 +1,114 @@
+// Decode on sm_90a: once per device, the decode kernels' attributes and how many select clusters of
+// each size the device holds; on every call, the launch of the call's (H, N) instantiation
+// (launch/sm90_decode_launch.cuh picks the schedule).
+#include <cuda_runtime.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/cuda/base.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <type_traits>
+#include <vector>
+
+#include "ffi_dsa/contract.h"
+#include "ffi_dsa/launch/cuda_arch_entries.h"
+#include "ffi_dsa/launch/device_facts.h"
+#include "ffi_dsa/launch/sm90_decode_launch.cuh"
+#include "ffi_dsa/launch/sm90_device_facts.h"
+#include "ffi_dsa/launch/tuning.h"
+
+namespace ffi_dsa::sm90 {
+namespace {
+
+// How many select clusters of each size, at SelectRowsKernel's largest shared memory, can be
+// resident at once. A cluster's CTAs share one GPC, so this is not SMs / size: a 16-CTA cluster
+// needs 16 free SMs in one GPC, which a part with fewer SMs per GPC lacks (its launch would fail),
+// and a GPC of fewer than 16 free SMs holds one 8-CTA cluster, not two.
+ClusterOccupancy SelectClusterOccupancy() {
+  ClusterOccupancy occupancy{};
+  for (int size = 1; size <= kMaxSelectCluster; ++size) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(size));
+    config.blockDim = dim3(kSelectThreads);
+    config.dynamicSmemBytes = SelectSmemBytes(kMaxStagedKeys);
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(size);
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, SelectRowsKernel, &config) != cudaSuccess) {
+      (void)cudaGetLastError();  // a refused size is an answer, not a sticky error
+      clusters = 0;
+    }
+    occupancy.active[size] = clusters;
+  }
+  occupancy.active[1] = std::max(occupancy.active[1], 1);  // one CTA per row always launches
+  return occupancy;
+}
+
+// Calls f(heads, queries) for every (H, N) the kernels are compiled for, each as a constexpr
+// functor (heads() is usable as a template argument).
+template <typename F>
+void ForEachQueryShape(F&& f) {
+  auto for_queries = [&](auto heads) {
+    f(heads, std::integral_constant<int, 1>{});
+    f(heads, std::integral_constant<int, 2>{});
+    f(heads, std::integral_constant<int, 3>{});
+    f(heads, std::integral_constant<int, 4>{});
+  };
+  static_assert(kMaxQueries == 4, "one instantiation per N");
+  for_queries(std::integral_constant<int, kNumHeads>{});
+  for_queries(std::integral_constant<int, kNumHeadsNarrow>{});
+}
+
+// Every decode kernel may use the device's whole opt-in shared memory; SelectRowsKernel may form
+// clusters beyond the portable 8 CTAs.
+void SetKernelAttributes(int optin) {
+  std::vector<const void*> kernels{reinterpret_cast<const void*>(SelectRowsKernel)};
+  ForEachQueryShape([&kernels](auto heads, auto queries) {
+    kernels.push_back(reinterpret_cast<const void*>(ScorePagesKernel<heads(), queries()>));
+    kernels.push_back(reinterpret_cast<const void*>(FusedRowsKernel<heads(), queries()>));
+  });
+  for (const void* kernel : kernels) {
+    TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+  }
+  TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(SelectRowsKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+}
+
+// The device's facts, with the kernel attributes set on it, once per device (it is current).
+const DeviceFacts& DecodeDeviceFacts(int device) {
+  return OncePerDevice<DeviceFacts>(device, [](int d) {
+    DeviceFacts f;
+    static_cast<ffi_dsa::DeviceFacts&>(f) = ffi_dsa::GetDeviceFacts(d);
+    // The kernels have fixed shared-memory footprints: check them once per device, not per call.
+    const size_t select_bytes = SelectSmemBytes(kMaxStagedKeys);
+    const size_t score_bytes = ScoreSmemBytes<kNumHeads, kMaxQueries>();
+    if (std::max(score_bytes, select_bytes) > f.max_smem_optin) {
+      TVM_FFI_THROW(RuntimeError) << "internal: the kernels need " << score_bytes << " and " << select_bytes
+                                  << " B of shared memory, device " << d << " allows " << f.max_smem_optin;
+    }
+    SetKernelAttributes(static_cast<int>(f.max_smem_optin));
+    f.select_clusters = SelectClusterOccupancy();
+    return f;
+  });
+}
+
+}  // namespace
+
+void TopkIndexer(const IndexerArgs& a, cudaStream_t stream, bool sorted_by_score) {
+  const DeviceFacts& facts = DecodeDeviceFacts(a.device.device_id);
+  const Tuning tuning = CurrentTuning();
+  bool launched = false;
+  ForEachQueryShape([&](auto heads, auto queries) {
+    if (a.heads == heads() && a.queries == queries()) {
+      LaunchIndexer<heads(), queries()>(a, facts, tuning, stream, CallOptions{sorted_by_score});
+      launched = true;
+    }
+  });
+  if (!launched) TVM_FFI_THROW(RuntimeError) << "internal: no kernel for H=" << a.heads << ", N=" << a.queries;
+}
+
+}  // namespace ffi_dsa::sm90

@@ -1,0 +1,47 @@
+// The run-time knobs of the sm90 kernels (launch/tuning.h), exported as the CUDA module's
+// set_cuda_options / cuda_options (ffi_dsa.cuda_options). An arch with knobs of its own would add
+// them to these maps.
+#define TVM_FFI_DLL_EXPORT_INCLUDE_METADATA 1
+#include <tvm/ffi/container/map.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/string.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "ffi_dsa/launch/tuning.h"
+
+namespace {
+
+namespace sm90 = ffi_dsa::sm90;
+
+tvm::ffi::Map<tvm::ffi::String, int64_t> TuningAsMap(const sm90::Tuning& t) {
+  return {{"fused", t.fused}, {"pdl", t.programmatic_launch}, {"max_select_cluster", t.max_select_cluster}};
+}
+
+// The knobs for later calls; -1 leaves one as it is. Returns the settings it replaced.
+tvm::ffi::Map<tvm::ffi::String, int64_t> SetCudaOptions(int64_t fused, int64_t pdl, int64_t max_select_cluster) {
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"fused", fused}, {"pdl", pdl}}) {
+    if (value != -1 && value != 0 && value != 1) {
+      TVM_FFI_THROW(ValueError) << name << " must be True or False, got " << value;
+    }
+  }
+  if (max_select_cluster != -1 && !sm90::ValidSelectClusterCap(static_cast<int>(max_select_cluster))) {
+    TVM_FFI_THROW(ValueError) << "max_select_cluster must be 1, 2, 4, 8 or 16, got " << max_select_cluster;
+  }
+  const sm90::Tuning previous = sm90::CurrentTuning();
+  sm90::Tuning next = previous;
+  if (fused != -1) next.fused = fused == 1;
+  if (pdl != -1) next.programmatic_launch = pdl == 1;
+  if (max_select_cluster != -1) next.max_select_cluster = static_cast<int>(max_select_cluster);
+  sm90::SetTuning(next);
+  return TuningAsMap(previous);
+}
+
+tvm::ffi::Map<tvm::ffi::String, int64_t> CudaOptions() { return TuningAsMap(sm90::CurrentTuning()); }
+
+}  // namespace
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(set_cuda_options, SetCudaOptions);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(cuda_options, CudaOptions);

@@ -1,0 +1,141 @@
+// The argument checks of decode, the paged top-k indexer (docs/contract.md), for every caller
+// (torch, JAX, TVM, numpy) and every device, on validate/common.h's helpers. The values only the
+// device sees (page ids, lengths) are not checked here; the kernels mask them.
+#pragma once
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+
+#include <cstdint>
+
+#include "ffi_dsa/contract.h"
+#include "ffi_dsa/validate/common.h"
+
+namespace ffi_dsa {
+
+// The sizes validation reads off the arguments' shapes.
+struct IndexerShape {
+  int64_t batch = 0, topk = 0;
+  int32_t queries = 1;          // N, 1..kMaxQueries
+  int32_t heads = kNumHeads;    // H, kNumHeads or kNumHeadsNarrow
+  bool per_query_lens = false;  // seq_lens is [B, N]
+};
+
+// Raw views of validated arguments and their sizes; what the kernels consume. A "query row" is one
+// query token of one row: query j of row b is query row b * queries + j, the row of weights, q
+// heads and output it owns; the N query rows of a row share its block-table row.
+struct IndexerArgs : IndexerShape {
+  const uint8_t* q = nullptr;          // [B * N * H, 128] fp8 bytes
+  const uint8_t* k_cache = nullptr;    // [num_pages, 8448] packed pages
+  const float* weights = nullptr;      // [B * N, H]
+  const int32_t* seq_lens = nullptr;   // [B] (causal offsets) or [B * N] (per_query_lens)
+  const int32_t* block_table = nullptr;  // [B, max_pages]
+  int32_t* topk_indices = nullptr;     // [B * N, K]
+  int64_t num_pages = 0, max_pages = 0;
+  DLDevice device{kDLCPU, 0};
+
+  int64_t query_rows() const { return batch * queries; }
+  // Tokens query row `qr` sees (docs/contract.md §7), clamped like any length.
+  int64_t VisibleLength(int64_t qr) const {
+    const int j = static_cast<int>(qr % queries);
+    return VisibleTokens(seq_lens[SeqLensIndex(qr / queries, j, queries, per_query_lens)], j, queries,
+                         per_query_lens, max_pages);
+  }
+};
+
+// How messages name the arguments, in the op's order: the parameter names of ffi_dsa.call (and of
+// the torch, JAX and TVM entry points), which is what the caller typed; docs/contract.md's names for
+// q and k_cache follow in parentheses. ffi_dsa/_arrays.py ARG_NAMES holds the same strings.
+inline constexpr const char* kArgNames[6] = {"q (q_index_fp8)", "k_cache (k_index_cache_fp8)", "weights",
+                                              "seq_lens", "block_table", "topk_indices"};
+
+namespace detail {
+
+// An argument with one row per query token: [B, N, ...] (rank `split_rank`) or [B * N, ...].
+inline void CheckQueryRows(const ArgMeta& t, int split_rank, const IndexerShape& s, const char* rows_layout) {
+  if (t.ndim() == split_rank) {
+    CheckDim(t, 0, s.batch, "B, from q");
+    CheckDim(t, 1, s.queries, "N, query tokens per row, from q");
+  } else {
+    CheckDim(t, 0, s.batch * s.queries, rows_layout);
+  }
+}
+
+}  // namespace detail
+
+// Checks dtypes, ranks, shapes against each other, K, devices and contiguity, and returns the
+// sizes they define. Argument order: q, k_cache, weights, seq_lens, block_table, topk_indices.
+// docs/contract.md §2 and §7: q is [B, H, 128] (one query token per row) or [B, N, H, 128] with
+// N in 1..4; H is 64 or 32; weights [B * N, H] or [B, N, H]; seq_lens [B] (the N queries are the
+// row's last N tokens) or [B, N] (a length per query); topk_indices [B * N, K] or [B, N, K].
+inline IndexerShape CheckIndexerMeta(const ArgMeta& q, const ArgMeta& k_cache, const ArgMeta& weights,
+                                     const ArgMeta& seq_lens, const ArgMeta& block_table,
+                                     const ArgMeta& topk_indices) {
+  using namespace detail;
+  // dtypes first: they are the most common mistake and the clearest message.
+  CheckDType(q, IsFp8(q.dtype), kFp8Expected);
+  CheckDType(k_cache, IsByte(k_cache.dtype), "int8 or uint8 (packed fp8 + scale bytes)");
+  CheckDType(weights, Is(weights.dtype, kDLFloat, 32), "float32");
+  CheckDType(seq_lens, Is(seq_lens.dtype, kDLInt, 32), "int32");
+  CheckDType(block_table, Is(block_table.dtype, kDLInt, 32), "int32");
+  CheckDType(topk_indices, Is(topk_indices.dtype, kDLInt, 32), "int32");
+
+  CheckRankIn(q, 3, "[B, H, 128]", 4, "[B, N, H, 128]");
+  CheckRank(k_cache, 4, "[num_pages, 64, 1, 132]");
+  CheckRankIn(weights, 2, "[B * N, H]", 3, "[B, N, H]");
+  CheckRankIn(seq_lens, 1, "[B]", 2, "[B, N]");
+  CheckRank(block_table, 2, "[B, max_num_pages]");
+  CheckRankIn(topk_indices, 2, "[B * N, K]", 3, "[B, N, K]");
+
+  IndexerShape s;
+  s.batch = q.size(0);
+  const int head_dim = q.ndim() - 1, head_axis = q.ndim() - 2;
+  if (q.ndim() == 4) {
+    const int64_t n = q.size(1);
+    if (n < 1 || n > kMaxQueries) {
+      TVM_FFI_THROW(ValueError) << q.name << " dimension 1 (N, query tokens per row) must be in 1.." << kMaxQueries
+                                << ", got shape " << ShapeString(q);
+    }
+    s.queries = static_cast<int32_t>(n);
+  }
+  s.heads = CheckHeads(q, head_axis);
+  CheckDim(q, head_dim, kHeadDim, "head dim");
+  CheckDim(k_cache, 1, kPageTokens, "tokens per page");
+  CheckDim(k_cache, 2, 1, "the layout's single key head");
+  CheckDim(k_cache, 3, kTokenBytes, "128 fp8 bytes + 4 scale bytes");
+  CheckQueryRows(weights, 3, s, "B * N, query rows, from q");
+  CheckDim(weights, weights.ndim() - 1, s.heads, "H, index heads, from q");
+  CheckDim(seq_lens, 0, s.batch, "B, from q");
+  if (seq_lens.ndim() == 2) CheckDim(seq_lens, 1, s.queries, "N, query tokens per row, from q");
+  s.per_query_lens = seq_lens.ndim() == 2;
+  CheckDim(block_table, 0, s.batch, "B, from q");
+  CheckQueryRows(topk_indices, 3, s, "B * N, query rows, from q");
+  s.topk = CheckTopK(topk_indices);
+  CheckPlacements({&q, &k_cache, &weights, &seq_lens, &block_table, &topk_indices});
+  return s;
+}
+
+// `expected_device_type` is the device the calling module serves (kDLCPU or kDLCUDA).
+inline IndexerArgs CheckIndexerArgs(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k_cache,
+                                    const tvm::ffi::TensorView& weights,
+                                    const tvm::ffi::TensorView& seq_lens,
+                                    const tvm::ffi::TensorView& block_table,
+                                    const tvm::ffi::TensorView& topk_indices,
+                                    DLDeviceType expected_device_type) {
+  using detail::DataAs;
+  const auto m = ServedArgMetas(kArgNames, {q, k_cache, weights, seq_lens, block_table, topk_indices},
+                                expected_device_type);
+  IndexerArgs args;
+  static_cast<IndexerShape&>(args) = CheckIndexerMeta(m[0], m[1], m[2], m[3], m[4], m[5]);
+  args.q = DataAs<const uint8_t>(q);
+  args.k_cache = DataAs<const uint8_t>(k_cache);
+  args.weights = DataAs<const float>(weights);
+  args.seq_lens = DataAs<const int32_t>(seq_lens);
+  args.block_table = DataAs<const int32_t>(block_table);
+  args.topk_indices = DataAs<int32_t>(topk_indices);
+  args.num_pages = k_cache.size(0);
+  args.max_pages = block_table.size(1);
+  args.device = q.device();
+  return args;
+}
+
+}  // namespace ffi_dsa

@@ -1,0 +1,110 @@
+"""The pattern every op follows: what an op is (its tensor arguments, its options, its output), its
+one DPS call path and its allocating form. ``decode.py`` and ``prefill.py`` are its two instances;
+the framework entry points (``torch_ops``, ``jax_ops``, ``tvm_relax``) are built from the same
+descriptions, so a third op is one more description and its native functions.
+
+On every layer an op is one DPS function: its tensor inputs, then the output it writes, then its
+scalar attributes (``sorted``, ``absolute_ids``): the native export of that name in each module
+(cuda/csrc/cpu_binding.cc, cuda/csrc/cuda_binding.cc), the XLA FFI target, the TVM global.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import _arrays, _ffi_api
+from .contract import MAX_TOPK
+
+
+@dataclass(frozen=True)
+class Option:
+    """A keyword option of an op and the native attribute it becomes."""
+
+    name: str                      # as the caller writes it: "sorted", "ids"
+    default: Any
+    choices: tuple                 # every value it takes (a TVM global is registered for each)
+    attr: str                      # the native attribute (a bool): "sorted", "absolute_ids"
+    to_attr: Callable[[Any], bool]  # value -> attribute, or ValueError naming the option
+
+    @property
+    def torch_type(self) -> str:
+        return "bool" if isinstance(self.default, bool) else "str"
+
+
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: one object per op
+class Op:
+    """One op, as every layer sees it."""
+
+    name: str                       # the native export, the torch op, the TVM global, the XLA target's suffix
+    params: tuple[str, ...]         # the tensor arguments' parameter names, the output last
+    arg_names: tuple[str, ...]      # how messages name them: the C++ check's k*ArgNames, the same strings
+    fp8_args: frozenset[int]        # positions that may be float8_e4m3fn (numpy's travel as uint8 bytes)
+    row_args: tuple[int, ...]       # positions of the per-row inputs: split over devices, folded under vmap
+    length_args: tuple[int, ...]    # the per-row inputs that say how long a row is: zeroed, the row is empty
+    options: tuple[Option, ...]
+    output_shape: Callable[[tuple, Any], tuple]  # (q's shape, K) -> the output an allocating caller makes
+    validate: Callable[..., None]   # (inputs...) -> None: the host checks behind validate=True
+    # (inputs' shapes) -> (query rows, table pages): what sizes a CUDA call's scratch; None: it takes none
+    workspace_rows: Callable[[tuple], tuple[int, int]] | None = None
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.params[:-1]
+
+    def attrs(self, options: dict) -> tuple:
+        """The native attributes, in order, for `options` (name -> value; a missing one is its default)."""
+        return tuple(o.to_attr(options.get(o.name, o.default)) for o in self.options)
+
+    def kernel_for(self, device_type: str):
+        """The native DPS function serving tensors of `device_type` ('cpu' or 'cuda')."""
+        return _ffi_api.kernel_for(self.name, device_type)
+
+
+def checked_topk(topk) -> int:
+    """K as an int, or ValueError, shared by every entry point that allocates the output: a
+    negative K is no output shape (C++ cannot see it), and a K above MAX_TOPK is refused here,
+    naming topk (the C++ check would name the output, which the caller never made)."""
+    try:
+        topk = operator.index(topk)
+    except TypeError:
+        raise TypeError(f"topk must be an int, got {topk!r}") from None
+    if topk < 0:
+        raise ValueError(f"topk must be >= 0, got {topk}")
+    if topk > MAX_TOPK:
+        raise ValueError(f"topk must be <= {MAX_TOPK} (the kernel supports K <= {MAX_TOPK}), got {topk}")
+    return topk
+
+
+def call(op: Op, args: tuple, attrs: tuple, validate: bool) -> None:
+    """The DPS call of `op` on `args` (its inputs, then the output) with native `attrs`: write the
+    output in place. Mistakes (dtype, shape, device, no tensor at all) raise TypeError/ValueError
+    naming the argument before anything is written; ``validate`` runs the op's host checks too."""
+    # The C++ check (and tvm-ffi's conversion) rejects whatever is wrong; which argument is no
+    # tensor at all is worked out only then (named_argument_error), off the per-call path.
+    try:
+        ready = _arrays.all_dlpack_ready(args, op.arg_names, op.fp8_args)
+        kernel = _ffi_api.kernel_for(op.name, _arrays.device_type(args[0]))
+        if validate:
+            op.validate(*args[:-1])
+    except (TypeError, ValueError, AttributeError, RuntimeError, BufferError) as err:
+        raise _arrays.named_argument_error(err, args, op.arg_names) from None
+    try:
+        kernel(*ready, *attrs)
+    except (TypeError, ValueError, RuntimeError, BufferError) as err:
+        raise _arrays.named_argument_error(err, args, op.arg_names) from None
+
+
+def allocate_and_call(op: Op, inputs: tuple, topk, options: dict, validate: bool):
+    """The allocating form of `op` for arrays that can be written (numpy, torch, CuPy): its int32
+    output (``op.output_shape``) in q's framework and on its device, written by :func:`call`. (JAX
+    arrays, which are immutable, take ffi_dsa.jax_ops.call instead.)"""
+    q = inputs[0]
+    attrs = op.attrs(options)  # a bad option fails before anything else
+    _arrays.check_tensor(q, op.arg_names[0])
+    topk = checked_topk(topk)
+    op.kernel_for(_arrays.device_type(q))  # a device without a kernel fails before anything is allocated
+    out = _arrays.empty_like_framework(q, op.output_shape(q.shape, topk), "int32")
+    call(op, (*inputs, out), attrs, validate)
+    return out

@@ -1,0 +1,129 @@
+"""Decode, the paged top-k indexer (docs/contract.md): the DPS call, the allocating form and the
+host-side validation of page ids and lengths, as one instance of the op pattern (_op.py).
+
+For each query row, score every cached token of its sequence with 64 (or 32) FP8 index heads and
+return the global ids (page * 64 + slot) of the K best, -1 padded. With N query tokens per row
+(q ``[B, N, H, 128]``) each query scores the prefix of its row it sees and gets its own top-K.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _arrays, _op
+from .contract import DEFAULT_TOPK, PAGE_TOKENS
+
+
+def output_shape(q_shape, topk) -> tuple:
+    """The shape of the output an allocating caller makes for a q of shape `q_shape`
+    (docs/contract.md §7): ``[B, N, K]`` for a rank-4 q ``[B, N, H, 128]``, else ``[B, K]``.
+    Dimensions may be symbolic (torch SymInts, TVM PrimExprs). A q of any other rank still gets a
+    shape, so that the C++ check, not this, names the mistake."""
+    rank = len(q_shape)
+    if rank == 4:
+        return (q_shape[0], q_shape[1], topk)
+    return (q_shape[0] if rank else 0, topk)
+
+
+def _validate_inputs(q, k_cache, weights, seq_lens, block_table) -> None:
+    validate_pages(k_cache, seq_lens, block_table)
+
+
+def _workspace_rows(shapes) -> tuple[int, int]:
+    """(query rows B * N, table pages): what sizes a CUDA call's scratch."""
+    q_shape, block_table_shape = shapes[0], shapes[4]
+    return q_shape[0] * (q_shape[1] if len(q_shape) == 4 else 1), block_table_shape[1]
+
+
+OP = _op.Op(
+    name="topk_indexer",
+    params=("q", "k_cache", "weights", "seq_lens", "block_table", "topk_indices"),
+    # ffi_dsa.call's parameter names (what the caller typed), docs/contract.md's names for q and
+    # k_cache in parentheses: kArgNames of cuda/include/ffi_dsa/validate/decode.h
+    arg_names=("q (q_index_fp8)", "k_cache (k_index_cache_fp8)", "weights", "seq_lens", "block_table",
+               "topk_indices"),
+    fp8_args=frozenset({0}),
+    row_args=(0, 2, 3, 4),
+    length_args=(3,),
+    options=(_op.Option("sorted", False, (False, True), "sorted", bool),),
+    output_shape=output_shape,
+    validate=_validate_inputs,
+    workspace_rows=_workspace_rows,
+)
+
+
+def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool = False,
+         validate: bool = False) -> None:
+    """Destination-passing style: write the top-K token ids of each query row into `topk_indices`,
+    as docs/contract.md defines them.
+
+    Arguments are DLPack tensors (torch, CuPy, numpy on CPU) that all live on one device (JAX
+    arrays are immutable: :func:`topk_indexer` returns one). q is ``[B, H, 128]`` or, with N query
+    tokens per row, ``[B, N, H, 128]`` (H is 64 or 32); weights ``[B * N, H]`` or ``[B, N, H]``;
+    seq_lens ``[B]`` or ``[B, N]``; topk_indices ``[B * N, K]`` or ``[B, N, K]``. K is the last
+    dimension of ``topk_indices``. ``sorted=True`` orders each row by descending score instead of
+    ascending position. Mistakes (dtype, shape, device, no tensor at all) raise TypeError/ValueError
+    naming the argument before anything is written. ``validate=True`` also checks page ids and
+    lengths on the host (a device-to-host copy for CUDA inputs) and raises instead of masking them.
+    """
+    _op.call(OP, (q, k_cache, weights, seq_lens, block_table, topk_indices), (bool(sorted),), validate)
+
+
+def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False,
+                 validate: bool = False):
+    """Allocating form of :func:`call`: int32 ``[B, topk]`` in q's framework (torch, numpy, JAX)
+    and on its device, or ``[B, N, topk]`` for a rank-4 q ``[B, N, H, 128]``. On JAX arrays it is
+    an XLA FFI call (ffi_dsa.jax_ops) that works under ``jax.jit`` (``topk`` and ``sorted`` static),
+    ``jax.vmap`` and ``jax.shard_map``."""
+    inputs, options = (q, k_cache, weights, seq_lens, block_table), {"sorted": sorted}
+    if _arrays.framework(q) == "jax":
+        from . import jax_ops
+
+        return jax_ops.call(OP, inputs, topk, options, validate)
+    return _op.allocate_and_call(OP, inputs, topk, options, validate)
+
+
+def validate_pages(k_cache, seq_lens, block_table) -> None:
+    """Raise ValueError for what the kernels would otherwise mask: negative or too-long lengths
+    and page ids outside ``[0, num_pages)`` among the pages a row uses.
+
+    seq_lens is ``[B]`` (each row's length: its last query sees the whole row, docs/contract.md §7)
+    or ``[B, N]`` (each query's own length, every entry checked; a row uses the pages of its longest
+    query)."""
+    lens = _arrays.to_numpy(seq_lens).astype(np.int64)
+    table = _arrays.to_numpy(block_table).astype(np.int64)
+    if table.ndim != 2 or lens.ndim not in (1, 2) or lens.shape[0] != table.shape[0]:
+        raise ValueError(f"seq_lens [B] or [B, N] and block_table [B, max_num_pages] disagree: "
+                         f"{list(lens.shape)} vs {list(table.shape)}")
+    _check_lengths(lens, table.shape[1])
+    num_pages = int(k_cache.shape[0])
+    for b in range(lens.shape[0]):
+        row = lens[b].reshape(-1)
+        longest = int(np.argmax(row)) if row.size else 0
+        n = int(row[longest]) if row.size else 0
+        used = table[b, : (n + PAGE_TOKENS - 1) // PAGE_TOKENS]
+        bad = np.nonzero((used < 0) | (used >= num_pages))[0]
+        if bad.size:
+            j = int(bad[0])
+            entry = _entry_name(b, (longest,) if lens.ndim == 2 else ())
+            raise ValueError(f"block_table[{b}, {j}] = {int(used[j])} is not a page id in [0, {num_pages}) "
+                             f"and row {b} uses it ({entry} = {n})")
+
+
+def _entry_name(b: int, query_index: tuple) -> str:
+    """seq_lens[b] or seq_lens[b, j]."""
+    return f"seq_lens[{', '.join(str(int(i)) for i in (b, *query_index))}]"
+
+
+def _check_lengths(lens: np.ndarray, max_pages: int) -> None:
+    """Every length in [0, max_pages * 64], or ValueError naming the first entry that is not."""
+    capacity = max_pages * PAGE_TOKENS
+    for bad, what in ((lens < 0, "is negative"),
+                      (lens > capacity, f"exceeds block_table's capacity of {capacity} tokens "
+                                        f"({max_pages} pages of {PAGE_TOKENS})")):
+        where = np.argwhere(bad)
+        if where.size:
+            index = tuple(int(i) for i in where[0])
+            raise ValueError(f"{_entry_name(index[0], index[1:])} = {int(lens[index])} {what}")
+
+__all__ = ["call", "topk_indexer", "validate_pages", "output_shape", "OP"]

@@ -1,0 +1,139 @@
+"""The CUDA select's branches, each reached by a crafted score distribution (docs/contract.md §2).
+
+Scores here are exact in any accumulation order: q and k are 1 in one dimension and 0 elsewhere,
+every weight is 1, so a token's score is 64 x its scale (its key's only product), and the scales
+carry at most 11 significant bits. So each selection is checked byte for byte against the float64
+reference, on one CTA and on clusters (rows longer than one CTA's slice), against every
+select-cluster cap, and in both orders. The distributions reach (sm90_cluster_topk.cuh):
+- a K-th value bucket of a few keys, ranked by all pairs;
+- a band of 1800 near-equal keys around the K-th key: a gathered bucket too long for all pairs;
+- a quarter of the row in that band: a bucket too full to gather (the radix search);
+- scores beyond FP16's range and below its smallest step (no format-bound bins may be assumed);
+- thousands of copies of the K-th key, more than K takes: ties by position across CTAs;
+- NaN scores among the winners' last places.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ffi_dsa.contract import HEAD_DIM, PAGE_FP8_BYTES, PAGE_TOKENS
+from ffi_dsa.workloads import make_batch
+
+from ffi_dsa.cuda_options import using_cuda_options
+
+from conftest import DEFAULT_K, assert_exact, fp8_bytes, page_bytes, run_dps
+from test_cuda_paths import fused_batch_size, kernels_run
+
+pytestmark = pytest.mark.cuda
+
+CAPS = (16, 8, 4, 2, 1)
+
+
+def scored_batch(lens, scales_of_row, *, seed: int, queries: int | None = None):
+    """Rows whose token t scores 64 x scales_of_row(b, n, rng)[t] exactly (scales rounded to FP16's
+    11 significant bits, then kept as float32: FP16's range is not a limit)."""
+    batch = make_batch(lens, seed=seed, scale_range=None, queries=queries)
+    rng = np.random.default_rng(seed + 7)
+    batch.q[...] = 0
+    batch.q[..., 0] = fp8_bytes([1.0])[0]
+    batch.weights[...] = 1.0
+    pages = page_bytes(batch)
+    num_pages = pages.shape[0]
+    k = np.zeros((num_pages, PAGE_TOKENS, HEAD_DIM), np.float32)
+    k[..., 0] = 1.0
+    pages[:, :PAGE_FP8_BYTES] = fp8_bytes(k).reshape(num_pages, -1)
+    scales = np.ones((num_pages, PAGE_TOKENS), np.float32)
+    lens = np.asarray(batch.seq_lens).reshape(len(batch.seq_lens), -1).max(axis=1)
+    for b, n in enumerate(lens):
+        values = np.asarray(scales_of_row(b, int(n), rng), np.float64)
+        mantissa, exponent = np.frexp(values)
+        values = np.ldexp(np.round(mantissa * 2048) / 2048, exponent).astype(np.float32)
+        t = np.arange(int(n))
+        scales[batch.block_table[b, t // PAGE_TOKENS], t % PAGE_TOKENS] = values
+    pages[:, PAGE_FP8_BYTES:] = scales.astype("<f4").view(np.uint8)
+    return batch
+
+
+def spread(n, rng):
+    return rng.uniform(0.01, 4.0, n)
+
+
+def band(n, rng, width=1800):
+    """1000 keys above a band of `width` near-equal keys (one FP16 bin), the rest below."""
+    v = rng.uniform(0.01, 0.5, n)
+    order = rng.permutation(n)
+    above, inside = order[:1000], order[1000:1000 + width]
+    v[above] = rng.uniform(4.0, 8.0, len(above))
+    v[inside] = 1.0 + rng.uniform(0, 2.0 ** -8, len(inside))
+    return v
+
+
+def wide_band(n, rng):
+    return band(n, rng, width=n // 4)  # more keys in one bin than a gathered list holds
+
+
+def huge(n, rng):
+    return rng.uniform(1e5, 1e7, n)  # every score rounds to FP16's infinity
+
+
+def tiny(n, rng):
+    return rng.uniform(1e-12, 1e-10, n)  # every score rounds to FP16's zero
+
+
+def copies(n, rng):
+    """1000 keys above 6000 copies of one key (K takes 1048 of them, the first by position)."""
+    v = rng.uniform(0.01, 0.5, n)
+    order = rng.permutation(n)
+    v[order[:1000]] = rng.uniform(4.0, 8.0, 1000)
+    v[order[1000:7000]] = 1.0
+    return v
+
+
+def nans_last(n, rng):
+    """Fewer numbers than K: every number, then NaNs by position (a NaN scale makes a NaN score)."""
+    v = np.full(n, np.nan)
+    v[rng.permutation(n)[:DEFAULT_K // 2]] = rng.uniform(0.5, 2.0, DEFAULT_K // 2)
+    return v
+
+
+DISTRIBUTIONS = {"spread": spread, "band": band, "wide_band": wide_band, "huge": huge, "tiny": tiny, "copies": copies,
+                 "nans_last": nans_last}
+
+
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+@pytest.mark.parametrize("name", list(DISTRIBUTIONS))
+def test_every_branch_one_cta_and_clusters_exact(name, sorted_):
+    """Rows on one CTA (8K, 16K) and on clusters (40K, 130K): exact, and the same bytes under
+    every cluster cap."""
+    lens = [8192, 16384, 40000, 130000, 9000]
+    fn = DISTRIBUTIONS[name]
+    batch = scored_batch(lens, lambda b, n, rng: fn(n, rng), seed=700 + list(DISTRIBUTIONS).index(name))
+    args = batch.to_torch("cuda")
+    outs = {}
+    for cap in CAPS:
+        with using_cuda_options(max_select_cluster=cap, fused=False):
+            outs[cap] = run_dps(args, sorted=sorted_)
+    assert_exact(outs[16], batch, sorted=sorted_, name=name)
+    for cap in CAPS[1:]:
+        np.testing.assert_array_equal(outs[cap], outs[16], err_msg=f"{name}: max_select_cluster={cap}")
+
+
+@pytest.mark.parametrize("name", ["band", "copies", "huge"])
+def test_two_queries_per_row_exact(name):
+    """N = 2: each query row its own select (query 0 sees one token less)."""
+    fn = DISTRIBUTIONS[name]
+    batch = scored_batch([12000, 50000], lambda b, n, rng: fn(n, rng), seed=720, queries=2)
+    assert_exact(run_dps(batch.to_torch("cuda")), batch, name=name)
+
+
+@pytest.mark.parametrize("name", ["band", "copies", "tiny"])
+def test_fused_path_exact(name):
+    """The fused path (one CTA per row selects from shared memory) on the same distributions."""
+    fn = DISTRIBUTIONS[name]
+    lens = np.random.default_rng(730).integers(6000, 9000, size=fused_batch_size())
+    batch = scored_batch(lens, lambda b, n, rng: fn(n, rng), seed=730)
+    args = batch.to_torch("cuda")
+    assert kernels_run(args) == {"FusedRowsKernel"}
+    assert_exact(run_dps(args), batch, name=name)
