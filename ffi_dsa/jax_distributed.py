@@ -33,7 +33,11 @@ default a check of every layout against the float64 reference; ``--platform gpu`
 
 from __future__ import annotations
 
+import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from .decode import OP, topk_indexer
 
 AXIS = "dp"
 
@@ -42,8 +46,6 @@ def initialize(process_id: int, num_processes: int, coordinator: str, platform: 
     """``jax.distributed.initialize`` for one process of `num_processes` on this host or others
     (`coordinator`: "host:port" of process 0), before any other JAX call. ``platform="gpu"`` gives
     process i the local GPU i (``local_device_ids``); ``"cpu"`` one CPU device per process."""
-    import jax
-
     if platform not in ("cpu", "gpu"):
         raise ValueError(f"platform must be 'cpu' or 'gpu', got {platform!r}")
     if not 0 <= process_id < num_processes:
@@ -59,9 +61,6 @@ def initialize(process_id: int, num_processes: int, coordinator: str, platform: 
 
 def global_mesh():
     """A one-axis mesh ("dp") over every process's devices, in process order."""
-    import jax
-    from jax.sharding import Mesh
-
     devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     return Mesh(np.array(devices), (AXIS,))
 
@@ -70,9 +69,6 @@ def global_arrays(mesh, arrays, replicated=()):
     """This process's arrays as global arrays over `mesh`: dim 0 sharded over "dp" (each process
     contributes its part), except positions in `replicated`, whose whole value every process holds.
     An fp8 q given as uint8/int8 bytes stays bytes (the op accepts either)."""
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
     out = []
     for i, a in enumerate(arrays):
         spec = P() if i in replicated else P(AXIS)
@@ -80,18 +76,17 @@ def global_arrays(mesh, arrays, replicated=()):
     return out
 
 
-def data_parallel_topk(mesh, topk: int, sorted: bool = False, shared_pool: bool = False):
+def data_parallel_topk(mesh, topk: int, sorted: bool = False, shared_pool: bool = False, *, ids: str = "slots",
+                       max_seq_len: int | None = None):
     """The jitted call over `mesh` for arguments made by ``global_arrays``: with a pool per process
     (default) a ``shard_map`` in which every device runs the op on its rows and its pool; with
-    ``shared_pool`` the plain jit, the pool replicated (``global_arrays(..., replicated=(1,))``)."""
-    import jax
-    from jax.sharding import PartitionSpec as P
-
-    from .decode import topk_indexer
-
+    ``shared_pool`` the plain jit, the pool replicated (``global_arrays(..., replicated=(1,))``).
+    ``ids`` and ``max_seq_len`` are the op's (static: a new bound is a new program)."""
     def local(q, k_cache, weights, seq_lens, block_table):
-        return topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=topk, sorted=sorted)
+        return topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=topk, sorted=sorted, ids=ids,
+                            max_seq_len=max_seq_len)
 
+    OP.attrs({"ids": ids, "max_seq_len": max_seq_len})  # a bad value fails here, naming it
     if shared_pool:
         return jax.jit(local)
     row = P(AXIS)
