@@ -146,10 +146,10 @@ def _with_ties(batch, seed: int):
 
 
 def check_batches(process_id: int, num_processes: int, seed: int):
-    """What process `process_id` checks: (layout, shared_pool, its arguments), the arguments being
-    numpy ``(q bytes, k_cache, weights, seq_lens, block_table)`` of its rows; ``k_cache`` is its own
-    pool, or with ``shared_pool`` the pool every process holds. Deterministic: a caller can rebuild
-    them to check the ids independently."""
+    """What process `process_id` checks: (layout, shared_pool, its arguments, the op's options), the
+    arguments being numpy ``(q bytes, k_cache, weights, seq_lens, block_table)`` of its rows;
+    ``k_cache`` is its own pool, or with ``shared_pool`` the pool every process holds. Deterministic:
+    a caller can rebuild them to check the ids independently."""
     lens = np.array(CHECK_LENGTHS)
     own = _with_ties(make_batch(lens, seed=seed + 7919 * (process_id + 1)), seed + process_id)
     rng = np.random.default_rng(seed + 31 * process_id)
@@ -158,11 +158,14 @@ def check_batches(process_id: int, num_processes: int, seed: int):
     shared = _with_ties(make_batch(np.tile(lens, num_processes), seed=seed + 1), seed + 1)  # same everywhere
     rows = slice(process_id * len(lens), (process_id + 1) * len(lens))
     mine = (shared.q[rows], shared.k_cache, shared.weights[rows], shared.seq_lens[rows], shared.block_table[rows])
-    return [("pool_per_process", False, own.args()), ("pool_per_process_mtp", False, mtp.args()),
-            ("shared_pool", True, mine)]
+    # positions, and a max_seq_len below the longest rows (a bound never changes the answer)
+    positions = {"ids": "positions", "max_seq_len": 1024}
+    return [("pool_per_process", False, own.args(), {}), ("pool_per_process_mtp", False, mtp.args(), {}),
+            ("shared_pool", True, mine, {}), ("pool_per_process_positions", False, own.args(), positions),
+            ("pool_per_process_mtp_positions", False, mtp.args(), {"ids": "positions"})]
 
 
-def _expected_bytes(args, topk: int) -> np.ndarray:
+def _expected_bytes(args, topk: int, options: dict) -> np.ndarray:
     """The single-process call on this process's device: the bytes the distributed call must give."""
     import jax
     import jax.numpy as jnp
@@ -171,7 +174,7 @@ def _expected_bytes(args, topk: int) -> np.ndarray:
     q, *rest = args
     placed = [jax.device_put(jnp.asarray(q).view(jnp.float8_e4m3fn), device)] + \
              [jax.device_put(jnp.asarray(a), device) for a in rest]
-    return np.asarray(ffi_dsa.topk_indexer(*placed, topk=topk))
+    return np.asarray(ffi_dsa.topk_indexer(*placed, topk=topk, **options))
 
 
 def run_check(process_id: int, num_processes: int, topk: int, seed: int) -> tuple[dict, dict]:
@@ -184,15 +187,15 @@ def run_check(process_id: int, num_processes: int, topk: int, seed: int) -> tupl
     report = {"process": process_id, "processes": num_processes, "devices": len(mesh.devices),
               "rows": {}, "problems": []}
     outputs = {}
-    for name, shared_pool, args in check_batches(process_id, num_processes, seed):
+    for name, shared_pool, args, options in check_batches(process_id, num_processes, seed):
         q = jnp.asarray(args[0]).view(jnp.float8_e4m3fn)
-        step = jd.data_parallel_topk(mesh, topk, shared_pool=shared_pool)
+        step = jd.data_parallel_topk(mesh, topk, shared_pool=shared_pool, **options)
         arrays = jd.global_arrays(mesh, (q, *args[1:]), replicated=(1,) if shared_pool else ())
         mine = jd.local_rows(step(*arrays))
         outputs[name] = mine
         report["rows"][name] = int(mine.shape[0])
-        report["problems"] += [f"{name}: {p}" for p in ffi_dsa.check_topk(mine, *args)]
-        if not np.array_equal(mine, _expected_bytes(args, topk)):
+        report["problems"] += [f"{name}: {p}" for p in ffi_dsa.check_topk(mine, *args, ids=options.get("ids", "slots"))]
+        if not np.array_equal(mine, _expected_bytes(args, topk, options)):
             report["problems"].append(f"{name}: differs from the single-device call on the same rows")
     return report, outputs
 

@@ -12,13 +12,17 @@ runs on CUDA:
         decode_metadata.schedule_metadata,
         max_model_len=max_model_len, clean_logits=False)      # -> [B * next_n, max_model_len] float32
     topk_indices = topk_indices_buffer[:num_padded_tokens, :topk_tokens]
-    torch.ops._C.persistent_topk(logits, seq_lens, topk_indices, ...)   # or cooperative_topk / top_k_per_row_decode
+    torch.ops._C.persistent_topk(logits, seq_lens, topk_indices, workspace, topk_tokens,
+                                 attn_metadata.max_seq_len)     # or cooperative_topk / top_k_per_row_decode
 
 leaving in each of the ``B * next_n`` rows the positions (``0 .. len - 1``) of the row's best tokens,
 ``-1`` padded; the sparse-attention backend turns positions into KV slots later through the block
 table. ``decode_topk`` takes the same tensors and writes the same rows with one call of the op with
 ``ids="positions"`` (the op's position ids for decode), without the ``[B * next_n, max_model_len]``
-float32 logits and without ``schedule_metadata``. docs/serving.md has the mapping and what vLLM keeps
+float32 logits and without ``schedule_metadata``. ``max_seq_len`` is the host int vLLM gives its
+top-k (``attn_metadata.max_seq_len``, the batch's longest row): the op plans its select for it
+instead of the block table's width, and a row longer than it (a stale bound in a replayed CUDA
+graph) still gets its exact answer. docs/serving.md has the mapping and what vLLM keeps
 (the ``requires_padding`` pack/unpack around this call; the logits path where decode context
 parallelism merges the ranks' top-k by score).
 """
@@ -37,11 +41,12 @@ ENGINE_NAMES = ("padded_q_quant_decode_tokens", "kv_cache", "weights", "seq_lens
 
 def decode_topk(padded_q_quant_decode_tokens: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                 seq_lens: torch.Tensor, block_table: torch.Tensor, topk_indices_buffer: torch.Tensor,
-                topk_tokens: int = DEFAULT_TOPK) -> torch.Tensor:
+                topk_tokens: int = DEFAULT_TOPK, max_seq_len: int | None = None) -> torch.Tensor:
     """Write ``topk_indices_buffer[:B * next_n, :topk_tokens]`` as vLLM's decode top-k leaves it
-    (positions in each row, ``-1`` padded; ascending position order) and return that view. No host
-    sync, no copy, no allocation: capturable in vLLM's CUDA graphs. Bad arguments raise
-    ValueError/TypeError naming vLLM's tensor."""
+    (positions in each row, ``-1`` padded; ascending position order) and return that view.
+    ``max_seq_len``: ``attn_metadata.max_seq_len`` (None: unknown). No host sync, no copy, no
+    allocation: capturable in vLLM's CUDA graphs. Bad arguments raise ValueError/TypeError naming
+    vLLM's tensor (or ``max_seq_len``)."""
     topk_tokens = checked_k(topk_tokens, "topk_tokens")
     q = padded_q_quant_decode_tokens
     if q.dim() != 4:
@@ -60,7 +65,7 @@ def decode_topk(padded_q_quant_decode_tokens: torch.Tensor, kv_cache: torch.Tens
                          f"{topk_tokens} wide, got {buffer.shape[1]}")
     try:
         topk_indexer_out(q, paged_cache(kv_cache, "kv_cache"), head_weights(weights, rows, "weights"),
-                         seq_lens, block_table, topk_indices, False, ids="positions")
+                         seq_lens, block_table, topk_indices, False, "positions", max_seq_len)
     except (TypeError, ValueError) as err:
         raise renamed(err, ENGINE_NAMES) from None
     return topk_indices

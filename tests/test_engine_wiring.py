@@ -15,8 +15,9 @@ or ``[B, 1]``, a weights buffer and an output buffer larger than the batch) on r
 * every output element written (poisoned buffers), nothing written past the batch's rows;
 * bad arguments refused naming the engine's tensor.
 
-vLLM's wiring asks the op for positions (``ids="positions"``), which decode gains in phase 2 of the
-serving work; its cases that call the op skip until ``torch.ops.dsa.topk_indexer_out`` takes ``ids``.
+vLLM's wiring asks the op for positions (``ids="positions"``) and passes vLLM's ``max_seq_len``: any
+bound (below the rows' lengths, equal, above, none) gives the same bytes. The cases taking ``device``
+run on CPU and, marked cuda, on a GPU.
 """
 
 from __future__ import annotations
@@ -39,10 +40,6 @@ vllm_indexer = load_script("integration/vllm_indexer.py")
 K = 2048
 LENS = [0, 1, 5, 64, 700, 2047, 2048, 2049, 3000, 4100]
 HEADS = pytest.mark.parametrize("heads", [NUM_HEADS, NUM_HEADS_NARROW], ids=["H64", "H32"])
-POSITIONS = "ids" in {a.name for a in torch.ops.dsa.topk_indexer_out.default._schema.arguments}
-needs_positions = pytest.mark.skipif(
-    not POSITIONS, reason="decode ids='positions' comes in phase 2 of the serving work "
-                          "(torch.ops.dsa.topk_indexer_out has no `ids` argument yet)")
 
 
 def batch_of(lens, *, exact: bool, seed: int, queries=None, heads=NUM_HEADS):
@@ -217,7 +214,6 @@ def assert_positions_are_a_valid_topk(got, batch, next_n: int) -> None:
     assert ffi_dsa.check_topk(ids, *batch.args()) == []
 
 
-@needs_positions
 @HEADS
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "random"])
 def test_vllm_decode_is_the_chain(device, heads, exact):
@@ -232,7 +228,6 @@ def test_vllm_decode_is_the_chain(device, heads, exact):
     assert_positions_are_a_valid_topk(got, batch, 1)
 
 
-@needs_positions
 @pytest.mark.parametrize("seq_lens_form", ["BN", "B1"])
 def test_vllm_native_spec_decode(device, seq_lens_form):
     """next_n = 2 with seq_lens [B, 2] (each query's own length) or [B, 1] (the request's length)."""
@@ -248,7 +243,48 @@ def test_vllm_native_spec_decode(device, seq_lens_form):
     assert_positions_are_a_valid_topk(got, batch, 2)
 
 
-@needs_positions
+@pytest.mark.parametrize("bound", [None, 0, 1, 700, max(LENS), 1 << 20], ids=lambda b: f"max_seq_len={b}")
+def test_vllm_max_seq_len_never_changes_the_answer(device, bound):
+    """vLLM's attn_metadata.max_seq_len below the longest row (a stale bound), equal, above, or
+    none: the same bytes, the chain's."""
+    batch = batch_of(LENS, exact=True, seed=25)
+    q, kv, weights, lens, table, buffer = vllm_tensors(batch, device)
+    got = vllm_indexer.decode_topk(q, kv, weights, lens, table, buffer, topk_tokens=K, max_seq_len=bound)
+    assert_all_written(got)
+    expected, visible = vllm_chain(q, kv, weights, lens, table)
+    assert_matches_chain(got, expected, visible, exact=True)
+
+
+@pytest.mark.parametrize("bound", [-1, 2.5, "8192"])
+def test_vllm_bad_max_seq_len_is_named(bound):
+    q, kv, weights, lens, table, buffer = vllm_tensors(batch_of([70, 3000], exact=True, seed=26), "cpu")
+    with pytest.raises((ValueError, RuntimeError), match="max_seq_len"):
+        vllm_indexer.decode_topk(q, kv, weights, lens, table, buffer, topk_tokens=K, max_seq_len=bound)
+    assert (buffer == SENTINEL).all()
+
+
+@pytest.mark.cuda
+def test_vllm_in_a_cuda_graph():
+    """Captured with vLLM's static buffers and a max_seq_len below the rows' lengths (a bound from an
+    earlier, shorter batch), replayed on new values: the chain's positions, the padding rows of the
+    buffer untouched."""
+    first, second = (batch_of([3000, 4100, 2049, 5], exact=True, seed=s) for s in (27, 28))
+    static = list(vllm_tensors(first, "cuda"))
+    bound = 700
+    vllm_indexer.decode_topk(*static, topk_tokens=K, max_seq_len=bound)  # warm up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = vllm_indexer.decode_topk(*static, topk_tokens=K, max_seq_len=bound)
+    for batch in (second, first):
+        for buffer, value in zip(static, vllm_tensors(batch, "cuda")):
+            buffer.copy_(value)
+        graph.replay()
+        torch.cuda.synchronize()
+        expected, visible = vllm_chain(*static[:5])
+        assert_matches_chain(got, expected, visible, exact=True)
+        assert (static[-1][got.shape[0]:] == SENTINEL).all()
+
+
 @pytest.mark.parametrize("mistake, name", [("lens_dtype", "seq_lens"), ("table_dtype", "block_table"),
                                            ("q_dtype", "padded_q_quant_decode_tokens")])
 def test_vllm_op_mistakes_name_vllms_tensor(mistake, name):

@@ -3,8 +3,9 @@ GPU machine with two of them.
 
 Each case launches the processes through ``benchmarks/jax_processes.py`` (the coordinator on
 localhost, a deadline for the whole launch), lets each process compute its rows through
-``ffi_dsa.jax_distributed`` in every layout of ``jax_processes.check_batches`` (a pool per process, the same with two queries per row and 32
-heads, one pool shared by all) and write its ids, then checks them here, independently of the
+``ffi_dsa.jax_distributed`` in every layout of ``jax_processes.check_batches`` (a pool per process,
+the same with two queries per row and 32 heads, one pool shared by all; slots, and positions with a
+max_seq_len below the longest rows) and write its ids, then checks them here, independently of the
 processes' own check: every process's rows against the float64 reference with the contract's
 tolerance (``ffi_dsa.check_topk``), byte for byte against ``ffi_dsa.call`` on the same rows (CPU),
 and the processes' answers differ from each other (each computed its own rows, not process 0's).
@@ -62,13 +63,13 @@ def launch_and_load(processes: int, platform: str, out_dir) -> list[dict]:
 def check_every_process(results: list[dict], processes: int, compare_bytes: bool) -> None:
     for i, ids in enumerate(results):
         layouts = jax_processes.check_batches(i, processes, SEED)
-        assert sorted(ids) == sorted(name for name, _, _ in layouts)
-        for name, _, args in layouts:
+        assert sorted(ids) == sorted(name for name, _, _, _ in layouts)
+        for name, _, args, options in layouts:
             got = ids[name]
             assert got.dtype == np.int32 and got.shape == Batch(*args).output_shape(2048), (name, got.shape)
-            assert ffi_dsa.check_topk(got, *args) == [], (i, name)
+            assert ffi_dsa.check_topk(got, *args, ids=options.get("ids", "slots")) == [], (i, name)
             if compare_bytes:
-                np.testing.assert_array_equal(got, call_result(Batch(*args)), err_msg=f"process {i}, {name}")
+                np.testing.assert_array_equal(got, call_result(Batch(*args), **options), err_msg=f"process {i}, {name}")
     for name in results[0]:  # each process computed its own rows, not another's
         for i in range(1, processes):
             assert not np.array_equal(results[0][name], results[i][name]), f"processes 0 and {i} agree on {name}"
