@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script a GPU call runs, from the repository root of the device machine:
 #
-#   bash benchmarks/device_run.sh [build|test|sanitize|bench|queries|counters|fuzz|chain|prefill|sharded|all]...
+#   bash benchmarks/device_run.sh [build|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded|all]...
 #                                                                                             (default: all)
 #
 #   build     import ffi_dsa, force the CUDA module build, print ptxas resource usage (-Xptxas -v)
@@ -10,6 +10,9 @@
 #   sanitize  compute-sanitizer memcheck / racecheck / synccheck over benchmarks/sanitize_cases.py
 #                                                                -> $OUT/sanitize.log
 #   bench     benchmarks/bench_gpu.py                            -> $OUT/bench.{log,json,png}
+#   options   what decode's options cost: bench_gpu.py --workloads serving,wide --ids slots,positions
+#             (positions beside slots on both paths; wide tables with and without max_seq_len)
+#                                                                -> $OUT/options.{log,json}
 #   queries   benchmarks/bench_queries.py (N queries per row, 32 heads) -> $OUT/queries.{log,json}
 #   counters  benchmarks/kernel_counters.py, N = 1 then N = 2      -> $OUT/counters.log
 #   fuzz      benchmarks/fuzz.py ${FUZZ_ARGS:---device cuda --calls 10000}  -> $OUT/fuzz.log
@@ -23,7 +26,8 @@
 # The device image has python3 3.12, torch (CUDA), JAX, nvcc at /usr/local/cuda and ninja, but not
 # apache-tvm-ffi / jax-tvm-ffi: those travel as cp312 wheels in .whl/ (name .whl in the call's
 # carry). A failing step does not stop the next one; the exit code is non-zero if any failed.
-# Knobs (environment): BENCH_ARGS (extra bench_gpu.py options, e.g. "--workloads W1,W5"),
+# Knobs (environment): BENCH_ARGS (extra bench_gpu.py options, e.g. "--workloads W1,W5"), OPTIONS_ARGS
+# (extra options of the options step),
 # QUERIES_ARGS (extra bench_queries.py options), PREFILL_ARGS (extra bench_prefill.py options),
 # COUNTERS_WORKLOADS (default W1,W2,W3,W4,W5,W6), JAX_PROCESSES (process counts of bench_jax_processes,
 # default 1,2) and JAX_PROCESSES_ARGS (its extra options),
@@ -176,6 +180,19 @@ step_bench() {
   return $rc
 }
 
+# Decode's options in one table: ids="positions" timed beside slots on W1..W6 (W5 is the one-kernel
+# path, the others the two-kernel path) and the wide tables W1w/W3w/W5w with (W*wh) and without
+# max_seq_len against the same rows in narrow tables; the summary lines give the ratios.
+step_options() {
+  set -o pipefail
+  # shellcheck disable=SC2086
+  python3 benchmarks/bench_gpu.py --workloads serving,wide --ids slots,positions --no-naive --no-peers \
+      --json "$OUT/options.json" ${OPTIONS_ARGS:-} 2>&1 | tee "$OUT/options.log"
+  local rc=$?
+  set +o pipefail
+  return $rc
+}
+
 step_queries() {
   set -o pipefail
   # shellcheck disable=SC2086
@@ -261,8 +278,8 @@ EXPANDED=()
 for s in "${STEPS[@]}"; do
   case "$s" in
     all) EXPANDED+=(build test sanitize bench) ;;
-    build|test|sanitize|bench|queries|counters|fuzz|chain|prefill|sharded) EXPANDED+=("$s") ;;
-    *) echo "usage: bash benchmarks/device_run.sh [build|test|sanitize|bench|queries|counters|fuzz|chain|prefill|sharded|all]..."
+    build|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded) EXPANDED+=("$s") ;;
+    *) echo "usage: bash benchmarks/device_run.sh [build|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded|all]..."
        exit 2 ;;
   esac
 done
