@@ -23,7 +23,8 @@ DOCUMENTS = (README, CHECKOUT / "docs" / "callers.md")
 # what README.md must show a runnable snippet of, and how to recognize it
 CALLERS = {"the op on numpy": "ffi_dsa.topk_indexer(", "torch": "torch.ops.dsa.topk_indexer(",
            "torch.compile": "@torch.compile", "JAX": "jax.jit(topk_indexer", "TVM Relax": "tvm_relax.indexer_module",
-           "a serving engine": "# SGLang", "prefill": "ffi_dsa.prefill_topk_indexer(",
+           "a serving engine": "# SGLang", "vLLM's positions and bound": 'ids="positions", max_seq_len=',
+           "prefill": "ffi_dsa.prefill_topk_indexer(",
            "prefill in torch": "torch.ops.dsa.prefill_topk_indexer(", "prefill in JAX": "jax.jit(prefill_topk_indexer",
            "prefill in TVM Relax": "tvm_relax.prefill_module"}
 
