@@ -316,8 +316,16 @@ __device__ __forceinline__ void ScoreGroup(bool valid, uint32_t desc_k, uint32_t
   GroupLogits<kCols>(acc, desc_k, DescAdvance(desc_q0, kGroup * G::kMmaQueries * kQTileBytes<kHeads>), page_scales,
                      r0, scale0, scale1);
   release();
+  // One warp vote instead of a test per (query, token row): when every scale of the warp's 16
+  // tokens can be factored out (the usual case) the whole warp takes the form with no exact-scale
+  // code; otherwise each lane tests its own two scales as before. The arithmetic of each token is
+  // the same either way.
   float score[G::Slots(kGroup)];
-  GroupScores<kHeads, kQueries, kGroup>(acc, weights, scale0, scale1, lane, score);
+  if (__all_sync(0xFFFFFFFFu, FactorableScale(scale0) && FactorableScale(scale1))) {
+    GroupScores<kHeads, kQueries, kGroup, Weights, true>(acc, weights, scale0, scale1, lane, score);
+  } else {
+    GroupScores<kHeads, kQueries, kGroup>(acc, weights, scale0, scale1, lane, score);
+  }
 #pragma unroll
   for (int s = 0; s < G::Slots(kGroup); ++s) keys[s] = ScoreToKey(score[s]);
 }
