@@ -173,9 +173,15 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   // token r0 + 8 * (lane & 1).
   const int r0 = 16 * warp + lane / 4;
   const int token = r0 + 8 * (lane & 1);
-  // This lane's slots (sm90_page_epilogue.cuh).
+  // This lane's slots (sm90_page_epilogue.cuh), where its groups' keys end, and its keys at this
+  // lane's token of page 0.
   LaneSlots<kHeads, kQueries> slots;
-  slots.Set(length, written, lane);
+  slots.Set(length, written, lane, token);
+  int32_t group_end[Groups::kCount];
+  GroupEnds<kHeads, kQueries>(written, group_end);
+  uint32_t* slot_keys[Groups::kSlots];
+#pragma unroll
+  for (int x = 0; x < Groups::kSlots; ++x) slot_keys[x] = row_keys + slots.query[x] * fp.key_stride + token;
   RowWeights<kHeads, kQueries, kFusedHeldWeights> weights;
   if (wg < pages) {
     weights.Load(fp.weights + row * queries * kHeads, lane);
@@ -186,12 +192,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     const int st = i % kFusedStages;
     const uint32_t phase = (i / kFusedStages) & 1;
     MbarWait(&ring.full[st], phase);
-    const bool valid = row_pages[i] >= 0;  // uniform over the warpgroup
+    // Read now, used only after the products: no branch on it (an invalid page's stage holds
+    // stale bytes; its keys are kNotCandidate).
+    const bool valid = row_pages[i] >= 0;
     const int32_t page_t0 = i * kPageTokens;
-    uint32_t seen = 0;  // the groups with a query that sees this page (uniform)
-#pragma unroll
-    for (int j = 0; j < kQueries; ++j) seen |= uint32_t(page_t0 < written[j]) << (j / Groups::kMmaQueries);
-    const int last = seen ? 31 - __clz(seen) : -1;  // (seen != 0: page i is below some query's end)
     auto release = [&] {
       MbarArrive(&ring.empty[st]);  // this thread no longer reads the stage
       if (issuer && i + kFusedStages < pages) {
@@ -200,22 +204,26 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
       }
       __syncwarp();  // converged again for the shuffles below and the next wgmma (.aligned)
     };
-    if (last < 0) release();  // never taken; keeps the stage's arrivals exact if that ever changes
     const uint32_t desc_k = SmemDescLow(ring.k_tiles[st]);
     ForEachGroup<Groups::kCount>([&](auto group) {
       constexpr int g = decltype(group)::value;
-      if (!((seen >> g) & 1)) return;
+      constexpr bool kLast = g == Groups::kCount - 1;  // the stage is released after its products
+      // With one group, the row's longest query (the loop's end) sees every page; with more, a
+      // group whose queries all end before this page skips its products (uniform).
+      if (Groups::kCount > 1 && page_t0 >= group_end[g]) {
+        if (kLast) release();
+        return;
+      }
       uint32_t keys[Groups::Slots(g)];
-      ScoreGroup<kHeads, kQueries, g>(valid, desc_k, desc_q, ring.scales[st], r0, lane, weights, [&] {
-        if (g == last) release();
+      ScoreGroup<kHeads, kQueries, g>(desc_k, desc_q, ring.scales[st], r0, lane, weights, [&] {
+        if (kLast) release();
       }, keys);
+      // Every key the select reads is written, nothing past it.
 #pragma unroll
       for (int x = 0; x < Groups::Slots(g); ++x) {
         const int slot = Groups::FirstSlot(g) + x;
-        const int32_t t = page_t0 + token;
-        if (t < slots.written[slot]) {
-          row_keys[slots.query[slot] * fp.key_stride + t] = t < slots.length[slot] ? keys[x] : kNotCandidate;
-        }
+        const uint32_t key = valid && page_t0 < slots.key_end[slot] ? keys[x] : kNotCandidate;
+        if (page_t0 < slots.store_end[slot]) slot_keys[slot][page_t0] = key;
       }
     });
   }

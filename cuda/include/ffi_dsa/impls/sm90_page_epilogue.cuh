@@ -80,32 +80,50 @@ __device__ __forceinline__ int SlotQuery(int s, int lane, bool& owner) {
   return g * G::kMmaQueries + 2 * local + (paired ? (lane >> 1) & 1 : 0);
 }
 
-// This lane's slots for a row (or segment): each slot's query, that query's length, and where its
-// keys end (0 where the other lane of the pair stores the slot), from the row's per-query values.
+// This lane's slots for a row (or segment), relative to the lane's token of a page: each slot's
+// query, and the page offsets (first token of the page, page_t0) below which the lane's token is
+// a key of the query (page_t0 < key_end: inside its length) and is stored (page_t0 < store_end:
+// inside its length rounded up to a quad; never, where the other lane of the pair stores the
+// slot). One compare each per page, no addition.
 template <int kHeads, int kQueries>
 struct LaneSlots {
   static constexpr int kCount = PageGroups<kHeads, kQueries>::kSlots;
   int query[kCount];
-  int32_t length[kCount], written[kCount];
+  int32_t key_end[kCount], store_end[kCount];
 
-  __device__ __forceinline__ void Set(const int32_t (&lengths)[kQueries], const int32_t (&ends)[kQueries], int lane) {
+  __device__ __forceinline__ void Set(const int32_t (&lengths)[kQueries], const int32_t (&ends)[kQueries], int lane,
+                                      int token) {
 #pragma unroll
     for (int x = 0; x < kCount; ++x) {
       bool owner;
       query[x] = SlotQuery<kHeads, kQueries>(x, lane, owner);
-      length[x] = lengths[0];
-      written[x] = ends[0];
+      int32_t length = lengths[0], end = ends[0];
 #pragma unroll
       for (int j = 1; j < kQueries; ++j) {  // compile-time indices only: the arrays stay in registers
         if (query[x] == j) {
-          length[x] = lengths[j];
-          written[x] = ends[j];
+          length = lengths[j];
+          end = ends[j];
         }
       }
-      if (!owner) written[x] = 0;
+      key_end[x] = length - token;
+      store_end[x] = owner ? end - token : INT32_MIN;
     }
   }
 };
+
+// Where each group's keys end on the row: the furthest end among its queries (uniform). A page at
+// or past it has no key of the group to write.
+template <int kHeads, int kQueries>
+__device__ __forceinline__ void GroupEnds(const int32_t (&ends)[kQueries],
+                                          int32_t (&group_end)[PageGroups<kHeads, kQueries>::kCount]) {
+  using G = PageGroups<kHeads, kQueries>;
+#pragma unroll
+  for (int g = 0; g < G::kCount; ++g) {
+    group_end[g] = 0;
+#pragma unroll
+    for (int j = g * G::kMmaQueries; j < g * G::kMmaQueries + G::Queries(g); ++j) group_end[g] = max(group_end[g], ends[j]);
+  }
+}
 
 // Head weights of this thread's accumulator columns of one query (8j + 2 (lane % 4) + {0, 1}),
 // scalar loads: a weights view need not be 8-byte aligned.
@@ -296,21 +314,17 @@ __device__ __forceinline__ void GroupScores(const float (&acc)[PageGroups<kHeads
 }
 
 // One group's products and scores for a staged page: this lane's keys of the group's slots
-// (kNotCandidate for a page that is not valid: no products, no shuffles; `valid` is uniform over
-// the warpgroup). `release` runs once the tensor cores no longer read the stage.
+// (ScoreToKey of each score). The products are issued whatever the page: a stage whose page id was
+// invalid holds stale bytes, whose keys the caller replaces by kNotCandidate, so that no branch
+// waits on the page id before the tensor cores start. `release` runs once the tensor cores no
+// longer read the stage.
 template <int kHeads, int kQueries, int kGroup, typename Weights, typename Release>
-__device__ __forceinline__ void ScoreGroup(bool valid, uint32_t desc_k, uint32_t desc_q0, const float* page_scales,
-                                           int r0, int lane, const Weights& weights, Release&& release,
+__device__ __forceinline__ void ScoreGroup(uint32_t desc_k, uint32_t desc_q0, const float* page_scales, int r0,
+                                           int lane, const Weights& weights, Release&& release,
                                            uint32_t (&keys)[PageGroups<kHeads, kQueries>::Slots(kGroup)]) {
   using G = PageGroups<kHeads, kQueries>;
   constexpr int kGroupQueries = G::Queries(kGroup);
   constexpr int kCols = kGroupQueries * kHeads;
-#pragma unroll
-  for (int s = 0; s < G::Slots(kGroup); ++s) keys[s] = kNotCandidate;
-  if (!valid) {
-    release();
-    return;
-  }
   float acc[kCols / 2];
   float scale0, scale1;
   GroupLogits<kCols>(acc, desc_k, DescAdvance(desc_q0, kGroup * G::kMmaQueries * kQTileBytes<kHeads>), page_scales,

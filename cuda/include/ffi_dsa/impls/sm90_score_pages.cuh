@@ -80,7 +80,7 @@ struct alignas(1024) ScoreSmem {
   uint8_t q_tiles[2][kQueries * kQTileBytes<kHeads>];   // segment k uses buffer k % 2
   alignas(16) float weights[kMathWarpgroups][kQueries * kHeads];  // StagedWeights: a copy per warpgroup
   float scales[kStages][kPageTokens];
-  int32_t stage_page[kStages];               // page id of the stage, written before its full arrive
+  int32_t stage_page[kStages];               // page id of the stage (-1: invalid), written before its full arrive
   uint64_t full[kStages];
   uint64_t empty[kStages];
   uint64_t q_full[2];
@@ -178,8 +178,9 @@ __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, con
         const int st = i % kStages;
         if (i >= kStages) MbarWait(&s.empty[st], ((i / kStages) - 1) & 1);
         if (leader) {
-          s.stage_page[st] = page;  // published by the arrive below (release)
-          if (page >= 0 && page < p.num_pages) {
+          const bool valid = page >= 0 && page < p.num_pages;
+          s.stage_page[st] = valid ? page : -1;  // published by the arrive below (release)
+          if (valid) {
             MbarArriveExpectTx(&s.full[st], kPageFp8Bytes + kScaleBytes);
             TmaLoad3d(s.k_tiles[st], &k_map, 0, 0, page, &s.full[st]);
             BulkLoad(s.scales[st], p.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes,
@@ -223,9 +224,12 @@ __device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s,
       length[j] = QueryLength(p.seq_lens, walk.seg_row, j, p.qs, p.max_pages);
       written[j] = ScoresNeeded(length[j], p.topk, p.sorted) ? static_cast<int32_t>((int64_t(length[j]) + 3) / 4 * 4) : 0;
     }
-    // This lane's slots (sm90_page_epilogue.cuh) and their keys at this lane's token of page 0.
+    // This lane's slots (sm90_page_epilogue.cuh), where its groups' keys end, and its keys at this
+    // lane's token of page 0.
     LaneSlots<kHeads, kQueries> slots;
-    slots.Set(length, written, lane);
+    slots.Set(length, written, lane, token);
+    int32_t group_end[Groups::kCount];
+    GroupEnds<kHeads, kQueries>(written, group_end);
     uint32_t* slot_keys[kSlots];
 #pragma unroll
     for (int x = 0; x < kSlots; ++x) slot_keys[x] = p.keys + (walk.seg_row * queries + slots.query[x]) * p.row_stride + token;
@@ -245,30 +249,30 @@ __device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s,
     for (int i = first; i < i0 + np; i += kMathWarpgroups) {
       const int stage = i % kStages;
       MbarWait(&s.full[stage], (i / kStages) & 1);
-      const int32_t page = s.stage_page[stage];
-      const bool valid = page >= 0 && page < p.num_pages;  // uniform over the warpgroup
+      // The page id is read now and used only after the products: no branch on it (an invalid
+      // page's stage holds stale bytes; its keys are kNotCandidate).
+      const bool valid = s.stage_page[stage] >= 0;
       const int32_t page_t0 = (walk.page_begin + (i - i0)) * kPageTokens;
-      // The groups with a query that sees this page (uniform); the stage is released after the
-      // last one's products.
-      uint32_t seen = 0;
-#pragma unroll
-      for (int j = 0; j < kQueries; ++j) seen |= uint32_t(page_t0 < written[j]) << (j / Groups::kMmaQueries);
-      const int last = seen ? 31 - __clz(seen) : -1;
-      if (last < 0) MbarArrive(&s.empty[stage]);
       const uint32_t desc_k = SmemDescLow(s.k_tiles[stage]);
       ForEachGroup<Groups::kCount>([&](auto group) {
         constexpr int g = decltype(group)::value;
-        if (!((seen >> g) & 1)) return;
+        constexpr bool kLast = g == Groups::kCount - 1;  // the stage is released after its products
+        // With one group, the row's longest query (the loop's end) sees every page; with more, a
+        // group whose queries all end before this page skips its products (uniform).
+        if (Groups::kCount > 1 && page_t0 >= group_end[g]) {
+          if (kLast) MbarArrive(&s.empty[stage]);
+          return;
+        }
         uint32_t keys[Groups::Slots(g)];
-        ScoreGroup<kHeads, kQueries, g>(valid, desc_k, desc_q, s.scales[stage], r0, lane, weights, [&] {
-          if (g == last) MbarArrive(&s.empty[stage]);  // this thread no longer reads the stage
+        ScoreGroup<kHeads, kQueries, g>(desc_k, desc_q, s.scales[stage], r0, lane, weights, [&] {
+          if (kLast) MbarArrive(&s.empty[stage]);  // this thread no longer reads the stage
         }, keys);
-        // Every byte the select reads was written (compute-sanitizer initcheck).
+        // Every byte the select reads is written (compute-sanitizer initcheck), nothing past it.
 #pragma unroll
         for (int x = 0; x < Groups::Slots(g); ++x) {
           const int slot = Groups::FirstSlot(g) + x;
-          const int32_t t = page_t0 + token;
-          if (t < slots.written[slot]) slot_keys[slot][page_t0] = t < slots.length[slot] ? keys[x] : kNotCandidate;
+          const uint32_t key = valid && page_t0 < slots.key_end[slot] ? keys[x] : kNotCandidate;
+          if (page_t0 < slots.store_end[slot]) slot_keys[slot][page_t0] = key;
         }
       });
     }
