@@ -129,7 +129,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   }
   const int32_t* table = p.block_table + row * p.max_pages;
   int32_t* row_pages = smem.select.slice_pages;
-  const int wg = tid / kWarpgroupThreads;
+  // The warp's index and the page count read through a shuffle: ptxas then knows they are
+  // warp-uniform, and keeps the page loop's counter, stage, phase, barrier addresses and
+  // descriptors in uniform registers (sm90_score_pages.cuh). The shuffles change no value.
+  const uint32_t cta_warp = WarpUniform(static_cast<uint32_t>(tid) / 32);
+  const uint32_t wg = cta_warp / 4;
+  const uint32_t row_pages_count = WarpUniform(static_cast<uint32_t>(pages));
   const bool issuer = tid % kWarpgroupThreads == 0;
   if (tid == 0) {
     for (int st = 0; st < kFusedStages; ++st) {
@@ -162,13 +167,13 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     }
   };
   if (issuer) {
-    for (int i = wg; i < pages && i < kFusedStages; i += kMathWarpgroups) issue(i);
+    for (int i = static_cast<int>(wg); i < pages && i < kFusedStages; i += kMathWarpgroups) issue(i);
   }
   __syncwarp();
 
   // ---- score the row's queries into shared memory -------------------------------------------
   using Groups = PageGroups<kHeads, kQueries>;
-  const int warp = (tid % kWarpgroupThreads) / 32, lane = tid % 32;
+  const int warp = static_cast<int>(cta_warp % 4), lane = tid % 32;
   // wgmma m64nN accumulator rows r0 and r0 + 8; after the quad reduction a lane's scores are of
   // token r0 + 8 * (lane & 1).
   const int r0 = 16 * warp + lane / 4;
@@ -179,32 +184,41 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   slots.Set(length, written, lane, token);
   int32_t group_end[Groups::kCount];
   GroupEnds<kHeads, kQueries>(written, group_end);
+#pragma unroll
+  for (int g = 0; g < Groups::kCount; ++g) group_end[g] = WarpUniform(group_end[g]);
   uint32_t* slot_keys[Groups::kSlots];
 #pragma unroll
   for (int x = 0; x < Groups::kSlots; ++x) slot_keys[x] = row_keys + slots.query[x] * fp.key_stride + token;
   RowWeights<kHeads, kQueries, kFusedHeldWeights> weights;
-  if (wg < pages) {
+  if (wg < row_pages_count) {
     weights.Load(fp.weights + row * queries * kHeads, lane);
     MbarWait(&ring.q_full, 0);
   }
-  const uint32_t desc_q = SmemDescLow(q_tiles);
-  for (int i = wg; i < pages; i += kMathWarpgroups) {
-    const int st = i % kFusedStages;
+  // Descriptors of Q and of the first stage; the other stages lie at fixed offsets (DescAdvance).
+  // Through WarpUniform, which ptxas cannot recompute: it keeps them in uniform registers instead
+  // of rebuilding them from the shared window's base on every page.
+  const uint32_t desc_q = WarpUniform(SmemDescLow(q_tiles)), desc_k0 = WarpUniform(SmemDescLow(ring.k_tiles[0]));
+  for (uint32_t i = wg; i < row_pages_count; i += kMathWarpgroups) {
+    const uint32_t st = i % kFusedStages;
     const uint32_t phase = (i / kFusedStages) & 1;
     MbarWait(&ring.full[st], phase);
     // Read now, used only after the products: no branch on it (an invalid page's stage holds
     // stale bytes; its keys are kNotCandidate).
     const bool valid = row_pages[i] >= 0;
-    const int32_t page_t0 = i * kPageTokens;
+    const int32_t page_t0 = static_cast<int32_t>(i) * kPageTokens;
     auto release = [&] {
       MbarArrive(&ring.empty[st]);  // this thread no longer reads the stage
-      if (issuer && i + kFusedStages < pages) {
-        MbarWait(&ring.empty[st], phase);  // every thread of the warpgroup released it
-        issue(i + kFusedStages);
+      // The warpgroup's first warp refills the stage (a uniform branch: the other warps skip it
+      // whole); its first lane waits for every thread's release and issues the load.
+      if (warp == 0 && i + kFusedStages < row_pages_count) {
+        if (issuer) {
+          MbarWait(&ring.empty[st], phase);
+          issue(static_cast<int>(i) + kFusedStages);
+        }
+        __syncwarp();  // converged again for the shuffles below and the next wgmma (.aligned)
       }
-      __syncwarp();  // converged again for the shuffles below and the next wgmma (.aligned)
     };
-    const uint32_t desc_k = SmemDescLow(ring.k_tiles[st]);
+    const uint32_t desc_k = DescAdvance(desc_k0, st * kPageFp8Bytes);
     ForEachGroup<Groups::kCount>([&](auto group) {
       constexpr int g = decltype(group)::value;
       constexpr bool kLast = g == Groups::kCount - 1;  // the stage is released after its products

@@ -149,6 +149,7 @@ using ScoreWeights = std::conditional_t<kQueries * kHeads <= kHeldWeights, RowWe
 
 // First local page index >= i0 that belongs to `lane_of_four` (pages go round-robin by i % 4).
 __device__ __forceinline__ int FirstOwned(int i0, int lane_of_four) { return i0 + ((lane_of_four - i0 % 4) + 4) % 4; }
+__device__ __forceinline__ uint32_t FirstOwned(uint32_t i0, uint32_t lane_of_four) { return i0 + ((lane_of_four - i0) & 3u); }
 
 // The producer warpgroup: its four warps issue every 4th page each into the stage ring, and warp 0
 // loads each segment's Q.
@@ -205,16 +206,23 @@ __device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s,
   constexpr int queries = kQueries;  // p.qs.queries
   using Groups = PageGroups<kHeads, kQueries>;
   constexpr int kSlots = Groups::kSlots;
-  const int wg = tid / kWarpgroupThreads, warp = (tid % kWarpgroupThreads) / 32, lane = tid % 32;
+  // The warp's index, and below the segment walk, read through WarpUniform: ptxas then keeps the
+  // page loop's counter, stage, phase, barrier addresses and descriptors in uniform registers,
+  // off the vector pipe and with no R2UR before each wgmma, and the walk's state out of the
+  // vector registers the epilogue needs. Every lane walks the same segments: the shuffles only
+  // tell ptxas so.
+  const uint32_t cta_warp = WarpUniform(static_cast<uint32_t>(tid) / 32);
+  const uint32_t wg = cta_warp / 4;
+  const int warp = static_cast<int>(cta_warp % 4), lane = tid % 32;
   // Accumulator layout of wgmma m64nN: thread holds rows r0 and r0 + 8, columns
   // 8j + 2 * (lane % 4) + {0, 1}; after the quad reduction a lane's scores are of token r0 + 8 * (lane & 1).
   const int r0 = 16 * warp + lane / 4;
   const int token = r0 + 8 * (lane & 1);
-  int segment = 0, i0 = 0;
-  while (walk.Next<kQueries>(p)) {
-    const int np = walk.page_end - walk.page_begin;
-    const int qb = segment & 1;
-    const int first = FirstOwned(i0, wg);
+  uint32_t segment = 0, i0 = 0;  // i0: the CTA's local index of the segment's first page
+  while (WarpUniform(walk.Next<kQueries>(p))) {
+    const int32_t page_begin = WarpUniform(walk.page_begin);
+    const uint32_t i_end = i0 + static_cast<uint32_t>(WarpUniform(walk.page_end) - page_begin);
+    const uint32_t qb = segment & 1;
     // Each query's keys end at its length rounded up to a quad (the select reads whole quads;
     // the pad gets kNotCandidate); 0 for a query that needs no scores. Read before the Q wait:
     // on a cold call seq_lens and Q are both memory round trips, and this way they overlap.
@@ -230,9 +238,13 @@ __device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s,
     slots.Set(length, written, lane, token);
     int32_t group_end[Groups::kCount];
     GroupEnds<kHeads, kQueries>(written, group_end);
+#pragma unroll
+    for (int g = 0; g < Groups::kCount; ++g) group_end[g] = WarpUniform(group_end[g]);
     uint32_t* slot_keys[kSlots];
 #pragma unroll
-    for (int x = 0; x < kSlots; ++x) slot_keys[x] = p.keys + (walk.seg_row * queries + slots.query[x]) * p.row_stride + token;
+    for (int x = 0; x < kSlots; ++x) {
+      slot_keys[x] = p.keys + (walk.seg_row * queries + slots.query[x]) * p.row_stride + page_begin * kPageTokens + token;
+    }
     // The head weights too (HBM round trips on a cold call, like Q: loaded before its wait).
     ScoreWeights<kHeads, kQueries> weights;
     const float* row_weights = p.weights + walk.seg_row * queries * kHeads;
@@ -241,19 +253,23 @@ __device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s,
     } else {
       weights.Load(row_weights, lane);
     }
-    const uint32_t desc_q = SmemDescLow(s.q_tiles[qb]);
+    // The segment's Q descriptor and the first stage's (the others lie at fixed offsets,
+    // DescAdvance), through WarpUniform, which ptxas cannot recompute: it keeps them in uniform
+    // registers instead of rebuilding them from the shared window's base on every page.
+    const uint32_t desc_q = WarpUniform(SmemDescLow(s.q_tiles[qb])), desc_k0 = WarpUniform(SmemDescLow(s.k_tiles[0]));
     // Every math thread waits for the segment's Q, pages or not: its q_empty arrival below must
     // not run ahead into the next phase of the buffer (a warpgroup with no page in several
     // one-page segments would otherwise arrive for segment k + 2 before others did for k).
     MbarWait(&s.q_full[qb], (segment >> 1) & 1);
-    for (int i = first; i < i0 + np; i += kMathWarpgroups) {
-      const int stage = i % kStages;
+    for (uint32_t i = FirstOwned(i0, wg); i < i_end; i += kMathWarpgroups) {
+      const uint32_t stage = i % kStages;
       MbarWait(&s.full[stage], (i / kStages) & 1);
       // The page id is read now and used only after the products: no branch on it (an invalid
       // page's stage holds stale bytes; its keys are kNotCandidate).
       const bool valid = s.stage_page[stage] >= 0;
-      const int32_t page_t0 = (walk.page_begin + (i - i0)) * kPageTokens;
-      const uint32_t desc_k = SmemDescLow(s.k_tiles[stage]);
+      const int32_t seg_t0 = static_cast<int32_t>(i - i0) * kPageTokens;  // the page's first token in the segment
+      const int32_t page_t0 = page_begin * kPageTokens + seg_t0;            // and in the row
+      const uint32_t desc_k = DescAdvance(desc_k0, stage * kPageFp8Bytes);
       ForEachGroup<Groups::kCount>([&](auto group) {
         constexpr int g = decltype(group)::value;
         constexpr bool kLast = g == Groups::kCount - 1;  // the stage is released after its products
@@ -272,12 +288,12 @@ __device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s,
         for (int x = 0; x < Groups::Slots(g); ++x) {
           const int slot = Groups::FirstSlot(g) + x;
           const uint32_t key = valid && page_t0 < slots.key_end[slot] ? keys[x] : kNotCandidate;
-          if (page_t0 < slots.store_end[slot]) slot_keys[slot][page_t0] = key;
+          if (page_t0 < slots.store_end[slot]) slot_keys[slot][seg_t0] = key;
         }
       });
     }
     MbarArrive(&s.q_empty[qb]);  // done with this segment's Q (every math thread, pages or not)
-    i0 += np;
+    i0 = i_end;
     ++segment;
   }
 }
