@@ -238,6 +238,23 @@ __device__ __forceinline__ void GroupLogits(float (&acc)[kCols / 2], uint32_t de
 // A scale the epilogue may factor out of the relu: a number in [0, 2^64), so that
 // relu(logit * scale) == scale * relu(logit) up to rounding (|logit| < 2^64).
 __device__ __forceinline__ bool FactorableScale(float scale) { return scale >= 0.0f && scale < 1.8446744e19f; }
+// Both scales factorable, as one unsigned compare of their bits (+0 up to the largest float below
+// 2^64 = 0x5F800000): a slightly narrower test (-0 fails it) that implies FactorableScale for
+// both, for the warp vote that picks the epilogue's form; each token's arithmetic does not depend
+// on it (checked for every float on the CPU).
+__device__ __forceinline__ bool BothFactorable(float scale0, float scale1) {
+  return max(__float_as_uint(scale0), __float_as_uint(scale1)) < 0x5F800000u;
+}
+
+// rank_key.h's ScoreToKey, the same key for every float (checked over all 2^32 on the CPU), in
+// five instructions instead of eight: adding +0 turns -0 into +0 and changes no other value (an
+// add never fused into the multiply before it: __fadd_rn), so no zero test; the sign's mask then
+// flips a negative's bits and sets a positive's sign bit in one LOP3.
+__device__ __forceinline__ uint32_t ScoreKey(float score) {
+  const uint32_t bits = __float_as_uint(__fadd_rn(score, 0.0f));
+  const uint32_t key = bits ^ (static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31) | 0x80000000u);
+  return score != score ? kNaNKey : key;
+}
 
 // This thread's partial score of query q of the group for token row r0 + 8h: its kHeads / 4
 // columns, each relu'd and weighted, in two chains (even and odd columns). The order of the adds
@@ -314,7 +331,7 @@ __device__ __forceinline__ void GroupScores(const float (&acc)[PageGroups<kHeads
 }
 
 // One group's products and scores for a staged page: this lane's keys of the group's slots
-// (ScoreToKey of each score). The products are issued whatever the page: a stage whose page id was
+// (ScoreKey of each score). The products are issued whatever the page: a stage whose page id was
 // invalid holds stale bytes, whose keys the caller replaces by kNotCandidate, so that no branch
 // waits on the page id before the tensor cores start. `release` runs once the tensor cores no
 // longer read the stage.
@@ -335,13 +352,13 @@ __device__ __forceinline__ void ScoreGroup(uint32_t desc_k, uint32_t desc_q0, co
   // code; otherwise each lane tests its own two scales as before. The arithmetic of each token is
   // the same either way.
   float score[G::Slots(kGroup)];
-  if (__all_sync(0xFFFFFFFFu, FactorableScale(scale0) && FactorableScale(scale1))) {
+  if (__all_sync(0xFFFFFFFFu, BothFactorable(scale0, scale1))) {
     GroupScores<kHeads, kQueries, kGroup, Weights, true>(acc, weights, scale0, scale1, lane, score);
   } else {
     GroupScores<kHeads, kQueries, kGroup>(acc, weights, scale0, scale1, lane, score);
   }
 #pragma unroll
-  for (int s = 0; s < G::Slots(kGroup); ++s) keys[s] = ScoreToKey(score[s]);
+  for (int s = 0; s < G::Slots(kGroup); ++s) keys[s] = ScoreKey(score[s]);
 }
 
 }  // namespace ffi_dsa::sm90

@@ -22,6 +22,21 @@ __device__ __forceinline__ T WarpUniform(T value) {
 }
 __device__ __forceinline__ bool WarpUniform(bool value) { return __shfl_sync(0xFFFFFFFFu, static_cast<int>(value), 0) != 0; }
 
+// The same pointer, which the compiler can no longer see through: a loop that stores at
+// p + (uniform offset) then keeps p in registers and adds the offset (two instructions), instead
+// of rebuilding p from its parts (base, row, lane) on every iteration.
+template <typename T>
+__device__ __forceinline__ T* OpaquePointer(T* p) {
+  asm("" : "+l"(p));
+  return p;
+}
+
+// A 32-bit store to global memory through such a pointer: the compiler no longer knows where it
+// points, and would otherwise emit a generic store.
+__device__ __forceinline__ void StoreGlobal(uint32_t* p, uint32_t value) {
+  asm volatile("st.global.u32 [%0], %1;" ::"l"(p), "r"(value) : "memory");
+}
+
 // The lanes below this one in its warp (a special register: no shift of the lane index).
 __device__ __forceinline__ uint32_t LaneMaskLt() {
   uint32_t mask;

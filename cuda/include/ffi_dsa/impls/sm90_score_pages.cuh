@@ -243,7 +243,8 @@ __device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s,
     uint32_t* slot_keys[kSlots];
 #pragma unroll
     for (int x = 0; x < kSlots; ++x) {
-      slot_keys[x] = p.keys + (walk.seg_row * queries + slots.query[x]) * p.row_stride + page_begin * kPageTokens + token;
+      slot_keys[x] = OpaquePointer(p.keys + (walk.seg_row * queries + slots.query[x]) * p.row_stride +
+                                   page_begin * kPageTokens + token);
     }
     // The head weights too (HBM round trips on a cold call, like Q: loaded before its wait).
     ScoreWeights<kHeads, kQueries> weights;
@@ -288,7 +289,7 @@ __device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s,
         for (int x = 0; x < Groups::Slots(g); ++x) {
           const int slot = Groups::FirstSlot(g) + x;
           const uint32_t key = valid && page_t0 < slots.key_end[slot] ? keys[x] : kNotCandidate;
-          if (page_t0 < slots.store_end[slot]) slot_keys[slot][seg_t0] = key;
+          if (page_t0 < slots.store_end[slot]) StoreGlobal(slot_keys[slot] + static_cast<uint32_t>(seg_t0), key);
         }
       });
     }
