@@ -220,21 +220,6 @@ __device__ __forceinline__ void IssueProducts(float (&acc)[kCols / 2], uint32_t 
   WgmmaCommit();
 }
 
-// The [64 tokens x kCols] FP8 product of one staged page with a group's Q tiles (4 x wgmma
-// m64nCk32), and this thread's two token scales (rows r0 and r0 + 8), read while the tensor
-// cores work. Every thread of the warpgroup calls it.
-template <int kCols>
-__device__ __forceinline__ void GroupLogits(float (&acc)[kCols / 2], uint32_t desc_k, uint32_t desc_q,
-                                            const float* page_scales, int r0, float& scale0, float& scale1) {
-#pragma unroll
-  for (int x = 0; x < kCols / 2; ++x) acc[x] = 0.0f;
-  IssueProducts<kCols>(acc, desc_k, desc_q);
-  scale0 = page_scales[r0];
-  scale1 = page_scales[r0 + 8];
-  WgmmaWait<0>();
-  FenceOperand(acc);
-}
-
 // A scale the epilogue may factor out of the relu: a number in [0, 2^64), so that
 // relu(logit * scale) == scale * relu(logit) up to rounding (|logit| < 2^64).
 __device__ __forceinline__ bool FactorableScale(float scale) { return scale >= 0.0f && scale < 1.8446744e19f; }
@@ -282,14 +267,16 @@ __device__ __forceinline__ float PartialScore(const float (&acc)[kGroupQueries *
 }
 
 // The group's whole scores this lane holds (its slots, see PageGroups), for token row
-// r0 + 8 * (lane & 1), scale applied. Every lane of the warp calls it (shuffles). A query's
-// weights are fetched just before its products are summed, so that at most one query's are live
-// beside the accumulators.
+// r0 + 8 * (lane & 1), scale applied. Every lane of the warp calls it (shuffles). `first` holds
+// the weights of the group's first query (fetched by the caller, possibly before the products
+// land); the others' are fetched just before their products are summed, so that at most one
+// query's are live beside the accumulators.
 // kAllFactored: the caller has checked that both scales are factorable (FactorableScale), so the
 // exact form is not compiled.
 template <int kHeads, int kQueries, int kGroup, typename Weights, bool kAllFactored = false>
 __device__ __forceinline__ void GroupScores(const float (&acc)[PageGroups<kHeads, kQueries>::Queries(kGroup) * kHeads / 2],
-                                            const Weights& weights, float scale0, float scale1, int lane,
+                                            const Weights& weights, const float (&first)[kHeads / 4], float scale0,
+                                            float scale1, int lane,
                                             float (&score)[PageGroups<kHeads, kQueries>::Slots(kGroup)]) {
   using G = PageGroups<kHeads, kQueries>;
   constexpr int kGroupQueries = G::Queries(kGroup);
@@ -299,8 +286,10 @@ __device__ __forceinline__ void GroupScores(const float (&acc)[PageGroups<kHeads
     factored1 = FactorableScale(scale1);
   }
   float part[kGroupQueries][2];
+  part[0][0] = PartialScore<kHeads, kGroupQueries>(acc, 0, 0, first, factored0, scale0);
+  part[0][1] = PartialScore<kHeads, kGroupQueries>(acc, 0, 1, first, factored1, scale1);
 #pragma unroll
-  for (int q = 0; q < kGroupQueries; ++q) {
+  for (int q = 1; q < kGroupQueries; ++q) {
     float w[kHeads / 4];
     weights.Get(kGroup * G::kMmaQueries + q, lane, w);
     part[q][0] = PartialScore<kHeads, kGroupQueries>(acc, q, 0, w, factored0, scale0);
@@ -329,6 +318,15 @@ __device__ __forceinline__ void GroupScores(const float (&acc)[PageGroups<kHeads
     score[s] = sum * factor;
   }
 }
+// The same, fetching the first query's weights itself.
+template <int kHeads, int kQueries, int kGroup, typename Weights, bool kAllFactored = false>
+__device__ __forceinline__ void GroupScores(const float (&acc)[PageGroups<kHeads, kQueries>::Queries(kGroup) * kHeads / 2],
+                                            const Weights& weights, float scale0, float scale1, int lane,
+                                            float (&score)[PageGroups<kHeads, kQueries>::Slots(kGroup)]) {
+  float first[kHeads / 4];
+  weights.Get(kGroup * PageGroups<kHeads, kQueries>::kMmaQueries, lane, first);
+  GroupScores<kHeads, kQueries, kGroup, Weights, kAllFactored>(acc, weights, first, scale0, scale1, lane, score);
+}
 
 // One group's products and scores for a staged page: this lane's keys of the group's slots
 // (ScoreKey of each score). The products are issued whatever the page: a stage whose page id was
@@ -343,9 +341,17 @@ __device__ __forceinline__ void ScoreGroup(uint32_t desc_k, uint32_t desc_q0, co
   constexpr int kGroupQueries = G::Queries(kGroup);
   constexpr int kCols = kGroupQueries * kHeads;
   float acc[kCols / 2];
-  float scale0, scale1;
-  GroupLogits<kCols>(acc, desc_k, DescAdvance(desc_q0, kGroup * G::kMmaQueries * kQTileBytes<kHeads>), page_scales,
-                     r0, scale0, scale1);
+#pragma unroll
+  for (int x = 0; x < kCols / 2; ++x) acc[x] = 0.0f;
+  IssueProducts<kCols>(acc, desc_k, DescAdvance(desc_q0, kGroup * G::kMmaQueries * kQTileBytes<kHeads>));
+  // While the tensor cores work: this thread's two token scales (rows r0 and r0 + 8) and the
+  // first query's head weights (shared-memory loads when staged: their latency would otherwise
+  // follow the wait).
+  const float scale0 = page_scales[r0], scale1 = page_scales[r0 + 8];
+  float first[kHeads / 4];
+  weights.Get(kGroup * G::kMmaQueries, lane, first);
+  WgmmaWait<0>();
+  FenceOperand(acc);
   release();
   // One warp vote instead of a test per (query, token row): when every scale of the warp's 16
   // tokens can be factored out (the usual case) the whole warp takes the form with no exact-scale
@@ -353,9 +359,9 @@ __device__ __forceinline__ void ScoreGroup(uint32_t desc_k, uint32_t desc_q0, co
   // the same either way.
   float score[G::Slots(kGroup)];
   if (__all_sync(0xFFFFFFFFu, BothFactorable(scale0, scale1))) {
-    GroupScores<kHeads, kQueries, kGroup, Weights, true>(acc, weights, scale0, scale1, lane, score);
+    GroupScores<kHeads, kQueries, kGroup, Weights, true>(acc, weights, first, scale0, scale1, lane, score);
   } else {
-    GroupScores<kHeads, kQueries, kGroup>(acc, weights, scale0, scale1, lane, score);
+    GroupScores<kHeads, kQueries, kGroup, Weights>(acc, weights, first, scale0, scale1, lane, score);
   }
 #pragma unroll
   for (int s = 0; s < G::Slots(kGroup); ++s) keys[s] = ScoreKey(score[s]);

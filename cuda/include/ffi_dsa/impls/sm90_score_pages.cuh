@@ -72,17 +72,23 @@ constexpr int kIssuerWarps = 4;
 static_assert(kStages % kIssuerWarps == 0 && kStages % kMathWarpgroups == 0, "stage ownership");
 constexpr int64_t kPrefetchTableBytes = int64_t(8) << 20;
 
+// One stage of the page ring: everything about its page at one stride, so that each of the page
+// loop's addresses is the stage's base plus a constant (one multiply per page, not a shift and
+// a mask per array). The FP8 rows come first, 1024-aligned (TMA swizzle-128B atoms).
+struct alignas(1024) PageStage {
+  uint8_t k_tile[kPageFp8Bytes];
+  float scales[kPageTokens];
+  int32_t page;  // page id (-1: invalid), written before the full arrive
+  uint64_t full, empty;
+};
+
 // Kernels are compiled per head count and per N (kQueries): the query loops unroll to exactly N
 // copies and the Q buffers hold N tiles.
 template <int kHeads, int kQueries>
 struct alignas(1024) ScoreSmem {
-  uint8_t k_tiles[kStages][kPageFp8Bytes];  // each 1024-aligned: TMA swizzle-128B atoms
+  PageStage stages[kStages];
   uint8_t q_tiles[2][kQueries * kQTileBytes<kHeads>];   // segment k uses buffer k % 2
   alignas(16) float weights[kMathWarpgroups][kQueries * kHeads];  // StagedWeights: a copy per warpgroup
-  float scales[kStages][kPageTokens];
-  int32_t stage_page[kStages];               // page id of the stage (-1: invalid), written before its full arrive
-  uint64_t full[kStages];
-  uint64_t empty[kStages];
   uint64_t q_full[2];
   uint64_t q_empty[2];
   typename cub::BlockScan<long long, kScoreThreads>::TempStorage scan;
@@ -177,17 +183,17 @@ __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, con
         const int i = base + u * kIssuerWarps;
         const int32_t page = __shfl_sync(0xFFFFFFFFu, my_page, u);
         const int st = i % kStages;
-        if (i >= kStages) MbarWait(&s.empty[st], ((i / kStages) - 1) & 1);
+        PageStage& stage = s.stages[st];
+        if (i >= kStages) MbarWait(&stage.empty, ((i / kStages) - 1) & 1);
         if (leader) {
           const bool valid = page >= 0 && page < p.num_pages;
-          s.stage_page[st] = valid ? page : -1;  // published by the arrive below (release)
+          stage.page = valid ? page : -1;  // published by the arrive below (release)
           if (valid) {
-            MbarArriveExpectTx(&s.full[st], kPageFp8Bytes + kScaleBytes);
-            TmaLoad3d(s.k_tiles[st], &k_map, 0, 0, page, &s.full[st]);
-            BulkLoad(s.scales[st], p.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes,
-                     &s.full[st]);
+            MbarArriveExpectTx(&stage.full, kPageFp8Bytes + kScaleBytes);
+            TmaLoad3d(stage.k_tile, &k_map, 0, 0, page, &stage.full);
+            BulkLoad(stage.scales, p.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes, &stage.full);
           } else {
-            MbarArrive(&s.full[st]);  // nothing to load: the consumers see the invalid id themselves
+            MbarArrive(&stage.full);  // nothing to load: the consumers see the invalid id themselves
           }
         }
         __syncwarp();
@@ -257,32 +263,33 @@ __device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s,
     // The segment's Q descriptor and the first stage's (the others lie at fixed offsets,
     // DescAdvance), through WarpUniform, which ptxas cannot recompute: it keeps them in uniform
     // registers instead of rebuilding them from the shared window's base on every page.
-    const uint32_t desc_q = WarpUniform(SmemDescLow(s.q_tiles[qb])), desc_k0 = WarpUniform(SmemDescLow(s.k_tiles[0]));
+    const uint32_t desc_q = WarpUniform(SmemDescLow(s.q_tiles[qb])), desc_k0 = WarpUniform(SmemDescLow(s.stages[0].k_tile));
     // Every math thread waits for the segment's Q, pages or not: its q_empty arrival below must
     // not run ahead into the next phase of the buffer (a warpgroup with no page in several
     // one-page segments would otherwise arrive for segment k + 2 before others did for k).
     MbarWait(&s.q_full[qb], (segment >> 1) & 1);
     for (uint32_t i = FirstOwned(i0, wg); i < i_end; i += kMathWarpgroups) {
-      const uint32_t stage = i % kStages;
-      MbarWait(&s.full[stage], (i / kStages) & 1);
+      const uint32_t st = i % kStages;
+      PageStage& stage = s.stages[st];
+      MbarWait(&stage.full, (i / kStages) & 1);
       // The page id is read now and used only after the products: no branch on it (an invalid
       // page's stage holds stale bytes; its keys are kNotCandidate).
-      const bool valid = s.stage_page[stage] >= 0;
+      const bool valid = stage.page >= 0;
       const int32_t seg_t0 = static_cast<int32_t>(i - i0) * kPageTokens;  // the page's first token in the segment
       const int32_t page_t0 = page_begin * kPageTokens + seg_t0;            // and in the row
-      const uint32_t desc_k = DescAdvance(desc_k0, stage * kPageFp8Bytes);
+      const uint32_t desc_k = DescAdvance(desc_k0, st * sizeof(PageStage));
       ForEachGroup<Groups::kCount>([&](auto group) {
         constexpr int g = decltype(group)::value;
         constexpr bool kLast = g == Groups::kCount - 1;  // the stage is released after its products
         // With one group, the row's longest query (the loop's end) sees every page; with more, a
         // group whose queries all end before this page skips its products (uniform).
         if (Groups::kCount > 1 && page_t0 >= group_end[g]) {
-          if (kLast) MbarArrive(&s.empty[stage]);
+          if (kLast) MbarArrive(&stage.empty);
           return;
         }
         uint32_t keys[Groups::Slots(g)];
-        ScoreGroup<kHeads, kQueries, g>(desc_k, desc_q, s.scales[stage], r0, lane, weights, [&] {
-          if (kLast) MbarArrive(&s.empty[stage]);  // this thread no longer reads the stage
+        ScoreGroup<kHeads, kQueries, g>(desc_k, desc_q, stage.scales, r0, lane, weights, [&] {
+          if (kLast) MbarArrive(&stage.empty);  // this thread no longer reads the stage
         }, keys);
         // Every byte the select reads is written (compute-sanitizer initcheck), nothing past it.
 #pragma unroll
@@ -330,8 +337,8 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   }
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
-      MbarInit(&s.full[st], 1);
-      MbarInit(&s.empty[st], kWarpgroupThreads);
+      MbarInit(&s.stages[st].full, 1);
+      MbarInit(&s.stages[st].empty, kWarpgroupThreads);
     }
     for (int b = 0; b < 2; ++b) {
       MbarInit(&s.q_full[b], 1);
