@@ -242,28 +242,29 @@ __device__ __forceinline__ uint32_t ScoreKey(float score) {
 }
 
 // This thread's partial score of query q of the group for token row r0 + 8h: its kHeads / 4
-// columns, each relu'd and weighted, in two chains (even and odd columns). The order of the adds
+// columns, each relu'd and weighted, in one chain of FFMAs (column order). The order of the adds
 // is the same whatever the group's size, so a query scores the same bytes in a call of N queries
-// as alone (tests compare them).
+// as alone, and in PrefillRowsKernel as in decode (tests compare them). A group's 2 x N chains run
+// side by side, so one chain per (query, row) costs no latency and saves the final add.
 template <int kHeads, int kGroupQueries>
 __device__ __forceinline__ float PartialScore(const float (&acc)[kGroupQueries * kHeads / 2], int q, int h,
                                               const float (&w)[kHeads / 4], bool factored, float scale) {
-  float a = 0.0f, b = 0.0f;
+  float a = 0.0f;
   const int base = q * kHeads / 2 + 2 * h;
   if (factored) {
 #pragma unroll
     for (int j = 0; j < kHeads / 8; ++j) {
       a = fmaf(w[2 * j], ReluNaN(acc[base + 4 * j]), a);
-      b = fmaf(w[2 * j + 1], ReluNaN(acc[base + 4 * j + 1]), b);
+      a = fmaf(w[2 * j + 1], ReluNaN(acc[base + 4 * j + 1]), a);
     }
   } else {  // negative, huge, infinite or NaN scale: exactly as written
 #pragma unroll
     for (int j = 0; j < kHeads / 8; ++j) {
       a = fmaf(w[2 * j], ReluNaN(acc[base + 4 * j] * scale), a);
-      b = fmaf(w[2 * j + 1], ReluNaN(acc[base + 4 * j + 1] * scale), b);
+      a = fmaf(w[2 * j + 1], ReluNaN(acc[base + 4 * j + 1] * scale), a);
     }
   }
-  return a + b;
+  return a;
 }
 
 // The group's whole scores this lane holds (its slots, see PageGroups), for token row
