@@ -198,9 +198,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   // Through WarpUniform, which ptxas cannot recompute: it keeps them in uniform registers instead
   // of rebuilding them from the shared window's base on every page.
   const uint32_t desc_q = WarpUniform(SmemDescLow(q_tiles)), desc_k0 = WarpUniform(SmemDescLow(ring.k_tiles[0]));
-  for (uint32_t i = wg; i < row_pages_count; i += kMathWarpgroups) {
-    const uint32_t st = i % kFusedStages;
-    const uint32_t phase = (i / kFusedStages) & 1;
+  // Page i of the row, in stage st (loaded in phase `phase`).
+  auto score_page = [&](uint32_t i, uint32_t st, uint32_t phase) {
     MbarWait(&ring.full[st], phase);
     // Read now, used only after the products: no branch on it (an invalid page's stage holds
     // stale bytes; its keys are kNotCandidate).
@@ -240,6 +239,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
         if (page_t0 < slots.store_end[slot]) slot_keys[slot][page_t0] = key;
       }
     });
+  };
+  // Page 8t + wg uses stage wg and page 8t + wg + 4 stage wg + 4, both in phase t & 1: walking
+  // turn t's pair, each page's stage is known up to the warpgroup (no stage arithmetic).
+  static_assert(kFusedStages == 2 * kMathWarpgroups, "a warpgroup's pages alternate between two stages");
+  for (uint32_t i = wg; i < row_pages_count; i += kFusedStages) {
+    const uint32_t phase = (i / kFusedStages) & 1;
+    score_page(i, wg, phase);
+    if (i + kMathWarpgroups < row_pages_count) score_page(i + kMathWarpgroups, wg + kMathWarpgroups, phase);
   }
   __syncthreads();  // the row's keys are in shared memory
 
