@@ -128,7 +128,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   }
   const int32_t* table = p.block_table + row * p.max_pages;
   int32_t* row_pages = smem.select.slice_pages;
-  const int wg = tid / kWarpgroupThreads;
+  // The warp's index and the page count read through a shuffle: ptxas then knows they are
+  // warp-uniform, and keeps the page loop's counter, stage, phase, barrier addresses and
+  // descriptors in uniform registers (sm90_score_pages.cuh). The shuffles change no value.
+  const uint32_t cta_warp = WarpUniform(static_cast<uint32_t>(tid) / 32);
+  const uint32_t wg = cta_warp / 4;
+  const uint32_t row_pages_count = WarpUniform(static_cast<uint32_t>(pages));
   const bool issuer = tid % kWarpgroupThreads == 0;
   if (tid == 0) {
     for (int st = 0; st < kFusedStages; ++st) {
@@ -161,62 +166,86 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     }
   };
   if (issuer) {
-    for (int i = wg; i < pages && i < kFusedStages; i += kMathWarpgroups) issue(i);
+    for (int i = static_cast<int>(wg); i < pages && i < kFusedStages; i += kMathWarpgroups) issue(i);
   }
   __syncwarp();
 
   // ---- score the row's queries into shared memory -------------------------------------------
   using Groups = PageGroups<kHeads, kQueries>;
-  const int warp = (tid % kWarpgroupThreads) / 32, lane = tid % 32;
+  const int warp = static_cast<int>(cta_warp % 4), lane = tid % 32;
   // wgmma m64nN accumulator rows r0 and r0 + 8; after the quad reduction a lane's scores are of
   // token r0 + 8 * (lane & 1).
   const int r0 = 16 * warp + lane / 4;
   const int token = r0 + 8 * (lane & 1);
-  // This lane's slots (sm90_page_epilogue.cuh).
+  // This lane's slots (sm90_page_epilogue.cuh), where its groups' keys end, and its keys at this
+  // lane's token of page 0.
   LaneSlots<kHeads, kQueries> slots;
-  slots.Set(length, written, lane);
+  slots.Set(length, written, lane, token);
+  int32_t group_end[Groups::kCount];
+  GroupEnds<kHeads, kQueries>(written, group_end);
+#pragma unroll
+  for (int g = 0; g < Groups::kCount; ++g) group_end[g] = WarpUniform(group_end[g]);
+  uint32_t* slot_keys[Groups::kSlots];
+#pragma unroll
+  for (int x = 0; x < Groups::kSlots; ++x) slot_keys[x] = row_keys + slots.query[x] * fp.key_stride + token;
   RowWeights<kHeads, kQueries, kFusedHeldWeights> weights;
-  if (wg < pages) {
+  if (wg < row_pages_count) {
     weights.Load(fp.weights + row * queries * kHeads, lane);
     MbarWait(&ring.q_full, 0);
   }
-  const uint32_t desc_q = SmemDescLow(q_tiles);
-  for (int i = wg; i < pages; i += kMathWarpgroups) {
-    const int st = i % kFusedStages;
-    const uint32_t phase = (i / kFusedStages) & 1;
+  // Descriptors of Q and of the first stage; the other stages lie at fixed offsets (DescAdvance).
+  // Through WarpUniform, which ptxas cannot recompute: it keeps them in uniform registers instead
+  // of rebuilding them from the shared window's base on every page.
+  const uint32_t desc_q = WarpUniform(SmemDescLow(q_tiles)), desc_k0 = WarpUniform(SmemDescLow(ring.k_tiles[0]));
+  // Page i of the row, in stage st (loaded in phase `phase`).
+  auto score_page = [&](uint32_t i, uint32_t st, uint32_t phase) {
     MbarWait(&ring.full[st], phase);
-    const bool valid = row_pages[i] >= 0;  // uniform over the warpgroup
-    const int32_t page_t0 = i * kPageTokens;
-    uint32_t seen = 0;  // the groups with a query that sees this page (uniform)
-#pragma unroll
-    for (int j = 0; j < kQueries; ++j) seen |= uint32_t(page_t0 < written[j]) << (j / Groups::kMmaQueries);
-    const int last = seen ? 31 - __clz(seen) : -1;  // (seen != 0: page i is below some query's end)
+    // Read now, used only after the products: no branch on it (an invalid page's stage holds
+    // stale bytes; its keys are kNotCandidate).
+    const bool valid = row_pages[i] >= 0;
+    const int32_t page_t0 = static_cast<int32_t>(i) * kPageTokens;
     auto release = [&] {
       MbarArrive(&ring.empty[st]);  // this thread no longer reads the stage
-      if (issuer && i + kFusedStages < pages) {
-        MbarWait(&ring.empty[st], phase);  // every thread of the warpgroup released it
-        issue(i + kFusedStages);
+      // The warpgroup's first warp refills the stage (a uniform branch: the other warps skip it
+      // whole); its first lane waits for every thread's release and issues the load.
+      if (warp == 0 && i + kFusedStages < row_pages_count) {
+        if (issuer) {
+          MbarWait(&ring.empty[st], phase);
+          issue(static_cast<int>(i) + kFusedStages);
+        }
+        __syncwarp();  // converged again for the shuffles below and the next wgmma (.aligned)
       }
-      __syncwarp();  // converged again for the shuffles below and the next wgmma (.aligned)
     };
-    if (last < 0) release();  // never taken; keeps the stage's arrivals exact if that ever changes
-    const uint32_t desc_k = SmemDescLow(ring.k_tiles[st]);
+    const uint32_t desc_k = DescAdvance(desc_k0, st * kPageFp8Bytes);
     ForEachGroup<Groups::kCount>([&](auto group) {
       constexpr int g = decltype(group)::value;
-      if (!((seen >> g) & 1)) return;
+      constexpr bool kLast = g == Groups::kCount - 1;  // the stage is released after its products
+      // With one group, the row's longest query (the loop's end) sees every page; with more, a
+      // group whose queries all end before this page skips its products (uniform).
+      if (Groups::kCount > 1 && page_t0 >= group_end[g]) {
+        if (kLast) release();
+        return;
+      }
       uint32_t keys[Groups::Slots(g)];
-      ScoreGroup<kHeads, kQueries, g>(valid, desc_k, desc_q, ring.scales[st], r0, lane, weights, [&] {
-        if (g == last) release();
+      ScoreGroup<kHeads, kQueries, g>(desc_k, desc_q, ring.scales[st], r0, lane, weights, [&] {
+        if (kLast) release();
       }, keys);
+      // Every key the select reads is written, nothing past it.
 #pragma unroll
       for (int x = 0; x < Groups::Slots(g); ++x) {
         const int slot = Groups::FirstSlot(g) + x;
-        const int32_t t = page_t0 + token;
-        if (t < slots.written[slot]) {
-          row_keys[slots.query[slot] * fp.key_stride + t] = t < slots.length[slot] ? keys[x] : kNotCandidate;
-        }
+        const uint32_t key = valid && page_t0 < slots.key_end[slot] ? keys[x] : kNotCandidate;
+        if (page_t0 < slots.store_end[slot]) slot_keys[slot][page_t0] = key;
       }
     });
+  };
+  // Page 8t + wg uses stage wg and page 8t + wg + 4 stage wg + 4, both in phase t & 1: walking
+  // turn t's pair, each page's stage is known up to the warpgroup (no stage arithmetic).
+  static_assert(kFusedStages == 2 * kMathWarpgroups, "a warpgroup's pages alternate between two stages");
+  for (uint32_t i = wg; i < row_pages_count; i += kFusedStages) {
+    const uint32_t phase = (i / kFusedStages) & 1;
+    score_page(i, wg, phase);
+    if (i + kMathWarpgroups < row_pages_count) score_page(i + kMathWarpgroups, wg + kMathWarpgroups, phase);
   }
   __syncthreads();  // the row's keys are in shared memory
 

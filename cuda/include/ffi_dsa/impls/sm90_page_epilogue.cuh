@@ -80,32 +80,50 @@ __device__ __forceinline__ int SlotQuery(int s, int lane, bool& owner) {
   return g * G::kMmaQueries + 2 * local + (paired ? (lane >> 1) & 1 : 0);
 }
 
-// This lane's slots for a row (or segment): each slot's query, that query's length, and where its
-// keys end (0 where the other lane of the pair stores the slot), from the row's per-query values.
+// This lane's slots for a row (or segment), relative to the lane's token of a page: each slot's
+// query, and the page offsets (first token of the page, page_t0) below which the lane's token is
+// a key of the query (page_t0 < key_end: inside its length) and is stored (page_t0 < store_end:
+// inside its length rounded up to a quad; never, where the other lane of the pair stores the
+// slot). One compare each per page, no addition.
 template <int kHeads, int kQueries>
 struct LaneSlots {
   static constexpr int kCount = PageGroups<kHeads, kQueries>::kSlots;
   int query[kCount];
-  int32_t length[kCount], written[kCount];
+  int32_t key_end[kCount], store_end[kCount];
 
-  __device__ __forceinline__ void Set(const int32_t (&lengths)[kQueries], const int32_t (&ends)[kQueries], int lane) {
+  __device__ __forceinline__ void Set(const int32_t (&lengths)[kQueries], const int32_t (&ends)[kQueries], int lane,
+                                      int token) {
 #pragma unroll
     for (int x = 0; x < kCount; ++x) {
       bool owner;
       query[x] = SlotQuery<kHeads, kQueries>(x, lane, owner);
-      length[x] = lengths[0];
-      written[x] = ends[0];
+      int32_t length = lengths[0], end = ends[0];
 #pragma unroll
       for (int j = 1; j < kQueries; ++j) {  // compile-time indices only: the arrays stay in registers
         if (query[x] == j) {
-          length[x] = lengths[j];
-          written[x] = ends[j];
+          length = lengths[j];
+          end = ends[j];
         }
       }
-      if (!owner) written[x] = 0;
+      key_end[x] = length - token;
+      store_end[x] = owner ? end - token : INT32_MIN;
     }
   }
 };
+
+// Where each group's keys end on the row: the furthest end among its queries (uniform). A page at
+// or past it has no key of the group to write.
+template <int kHeads, int kQueries>
+__device__ __forceinline__ void GroupEnds(const int32_t (&ends)[kQueries],
+                                          int32_t (&group_end)[PageGroups<kHeads, kQueries>::kCount]) {
+  using G = PageGroups<kHeads, kQueries>;
+#pragma unroll
+  for (int g = 0; g < G::kCount; ++g) {
+    group_end[g] = 0;
+#pragma unroll
+    for (int j = g * G::kMmaQueries; j < g * G::kMmaQueries + G::Queries(g); ++j) group_end[g] = max(group_end[g], ends[j]);
+  }
+}
 
 // Head weights of this thread's accumulator columns of one query (8j + 2 (lane % 4) + {0, 1}),
 // scalar loads: a weights view need not be 8-byte aligned.
@@ -202,59 +220,64 @@ __device__ __forceinline__ void IssueProducts(float (&acc)[kCols / 2], uint32_t 
   WgmmaCommit();
 }
 
-// The [64 tokens x kCols] FP8 product of one staged page with a group's Q tiles (4 x wgmma
-// m64nCk32), and this thread's two token scales (rows r0 and r0 + 8), read while the tensor
-// cores work. Every thread of the warpgroup calls it.
-template <int kCols>
-__device__ __forceinline__ void GroupLogits(float (&acc)[kCols / 2], uint32_t desc_k, uint32_t desc_q,
-                                            const float* page_scales, int r0, float& scale0, float& scale1) {
-#pragma unroll
-  for (int x = 0; x < kCols / 2; ++x) acc[x] = 0.0f;
-  IssueProducts<kCols>(acc, desc_k, desc_q);
-  scale0 = page_scales[r0];
-  scale1 = page_scales[r0 + 8];
-  WgmmaWait<0>();
-  FenceOperand(acc);
-}
-
 // A scale the epilogue may factor out of the relu: a number in [0, 2^64), so that
 // relu(logit * scale) == scale * relu(logit) up to rounding (|logit| < 2^64).
 __device__ __forceinline__ bool FactorableScale(float scale) { return scale >= 0.0f && scale < 1.8446744e19f; }
+// Both scales factorable, as one unsigned compare of their bits (+0 up to the largest float below
+// 2^64 = 0x5F800000): a slightly narrower test (-0 fails it) that implies FactorableScale for
+// both, for the warp vote that picks the epilogue's form; each token's arithmetic does not depend
+// on it (checked for every float on the CPU).
+__device__ __forceinline__ bool BothFactorable(float scale0, float scale1) {
+  return max(__float_as_uint(scale0), __float_as_uint(scale1)) < 0x5F800000u;
+}
+
+// rank_key.h's ScoreToKey, the same key for every float (checked over all 2^32 on the CPU), in
+// five instructions instead of eight: adding +0 turns -0 into +0 and changes no other value (an
+// add never fused into the multiply before it: __fadd_rn), so no zero test; the sign's mask then
+// flips a negative's bits and sets a positive's sign bit in one LOP3.
+__device__ __forceinline__ uint32_t ScoreKey(float score) {
+  const uint32_t bits = __float_as_uint(__fadd_rn(score, 0.0f));
+  const uint32_t key = bits ^ (static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31) | 0x80000000u);
+  return score != score ? kNaNKey : key;
+}
 
 // This thread's partial score of query q of the group for token row r0 + 8h: its kHeads / 4
-// columns, each relu'd and weighted, in two chains (even and odd columns). The order of the adds
+// columns, each relu'd and weighted, in one chain of FFMAs (column order). The order of the adds
 // is the same whatever the group's size, so a query scores the same bytes in a call of N queries
-// as alone (tests compare them).
+// as alone, and in PrefillRowsKernel as in decode (tests compare them). A group's 2 x N chains run
+// side by side, so one chain per (query, row) costs no latency and saves the final add.
 template <int kHeads, int kGroupQueries>
 __device__ __forceinline__ float PartialScore(const float (&acc)[kGroupQueries * kHeads / 2], int q, int h,
                                               const float (&w)[kHeads / 4], bool factored, float scale) {
-  float a = 0.0f, b = 0.0f;
+  float a = 0.0f;
   const int base = q * kHeads / 2 + 2 * h;
   if (factored) {
 #pragma unroll
     for (int j = 0; j < kHeads / 8; ++j) {
       a = fmaf(w[2 * j], ReluNaN(acc[base + 4 * j]), a);
-      b = fmaf(w[2 * j + 1], ReluNaN(acc[base + 4 * j + 1]), b);
+      a = fmaf(w[2 * j + 1], ReluNaN(acc[base + 4 * j + 1]), a);
     }
   } else {  // negative, huge, infinite or NaN scale: exactly as written
 #pragma unroll
     for (int j = 0; j < kHeads / 8; ++j) {
       a = fmaf(w[2 * j], ReluNaN(acc[base + 4 * j] * scale), a);
-      b = fmaf(w[2 * j + 1], ReluNaN(acc[base + 4 * j + 1] * scale), b);
+      a = fmaf(w[2 * j + 1], ReluNaN(acc[base + 4 * j + 1] * scale), a);
     }
   }
-  return a + b;
+  return a;
 }
 
 // The group's whole scores this lane holds (its slots, see PageGroups), for token row
-// r0 + 8 * (lane & 1), scale applied. Every lane of the warp calls it (shuffles). A query's
-// weights are fetched just before its products are summed, so that at most one query's are live
-// beside the accumulators.
+// r0 + 8 * (lane & 1), scale applied. Every lane of the warp calls it (shuffles). `first` holds
+// the weights of the group's first query (fetched by the caller, possibly before the products
+// land); the others' are fetched just before their products are summed, so that at most one
+// query's are live beside the accumulators.
 // kAllFactored: the caller has checked that both scales are factorable (FactorableScale), so the
 // exact form is not compiled.
 template <int kHeads, int kQueries, int kGroup, typename Weights, bool kAllFactored = false>
 __device__ __forceinline__ void GroupScores(const float (&acc)[PageGroups<kHeads, kQueries>::Queries(kGroup) * kHeads / 2],
-                                            const Weights& weights, float scale0, float scale1, int lane,
+                                            const Weights& weights, const float (&first)[kHeads / 4], float scale0,
+                                            float scale1, int lane,
                                             float (&score)[PageGroups<kHeads, kQueries>::Slots(kGroup)]) {
   using G = PageGroups<kHeads, kQueries>;
   constexpr int kGroupQueries = G::Queries(kGroup);
@@ -264,8 +287,10 @@ __device__ __forceinline__ void GroupScores(const float (&acc)[PageGroups<kHeads
     factored1 = FactorableScale(scale1);
   }
   float part[kGroupQueries][2];
+  part[0][0] = PartialScore<kHeads, kGroupQueries>(acc, 0, 0, first, factored0, scale0);
+  part[0][1] = PartialScore<kHeads, kGroupQueries>(acc, 0, 1, first, factored1, scale1);
 #pragma unroll
-  for (int q = 0; q < kGroupQueries; ++q) {
+  for (int q = 1; q < kGroupQueries; ++q) {
     float w[kHeads / 4];
     weights.Get(kGroup * G::kMmaQueries + q, lane, w);
     part[q][0] = PartialScore<kHeads, kGroupQueries>(acc, q, 0, w, factored0, scale0);
@@ -294,32 +319,53 @@ __device__ __forceinline__ void GroupScores(const float (&acc)[PageGroups<kHeads
     score[s] = sum * factor;
   }
 }
+// The same, fetching the first query's weights itself.
+template <int kHeads, int kQueries, int kGroup, typename Weights, bool kAllFactored = false>
+__device__ __forceinline__ void GroupScores(const float (&acc)[PageGroups<kHeads, kQueries>::Queries(kGroup) * kHeads / 2],
+                                            const Weights& weights, float scale0, float scale1, int lane,
+                                            float (&score)[PageGroups<kHeads, kQueries>::Slots(kGroup)]) {
+  float first[kHeads / 4];
+  weights.Get(kGroup * PageGroups<kHeads, kQueries>::kMmaQueries, lane, first);
+  GroupScores<kHeads, kQueries, kGroup, Weights, kAllFactored>(acc, weights, first, scale0, scale1, lane, score);
+}
 
 // One group's products and scores for a staged page: this lane's keys of the group's slots
-// (kNotCandidate for a page that is not valid: no products, no shuffles; `valid` is uniform over
-// the warpgroup). `release` runs once the tensor cores no longer read the stage.
+// (ScoreKey of each score). The products are issued whatever the page: a stage whose page id was
+// invalid holds stale bytes, whose keys the caller replaces by kNotCandidate, so that no branch
+// waits on the page id before the tensor cores start. `release` runs once the tensor cores no
+// longer read the stage.
 template <int kHeads, int kQueries, int kGroup, typename Weights, typename Release>
-__device__ __forceinline__ void ScoreGroup(bool valid, uint32_t desc_k, uint32_t desc_q0, const float* page_scales,
-                                           int r0, int lane, const Weights& weights, Release&& release,
+__device__ __forceinline__ void ScoreGroup(uint32_t desc_k, uint32_t desc_q0, const float* page_scales, int r0,
+                                           int lane, const Weights& weights, Release&& release,
                                            uint32_t (&keys)[PageGroups<kHeads, kQueries>::Slots(kGroup)]) {
   using G = PageGroups<kHeads, kQueries>;
   constexpr int kGroupQueries = G::Queries(kGroup);
   constexpr int kCols = kGroupQueries * kHeads;
-#pragma unroll
-  for (int s = 0; s < G::Slots(kGroup); ++s) keys[s] = kNotCandidate;
-  if (!valid) {
-    release();
-    return;
-  }
   float acc[kCols / 2];
-  float scale0, scale1;
-  GroupLogits<kCols>(acc, desc_k, DescAdvance(desc_q0, kGroup * G::kMmaQueries * kQTileBytes<kHeads>), page_scales,
-                     r0, scale0, scale1);
-  release();
-  float score[G::Slots(kGroup)];
-  GroupScores<kHeads, kQueries, kGroup>(acc, weights, scale0, scale1, lane, score);
 #pragma unroll
-  for (int s = 0; s < G::Slots(kGroup); ++s) keys[s] = ScoreToKey(score[s]);
+  for (int x = 0; x < kCols / 2; ++x) acc[x] = 0.0f;
+  IssueProducts<kCols>(acc, desc_k, DescAdvance(desc_q0, kGroup * G::kMmaQueries * kQTileBytes<kHeads>));
+  // While the tensor cores work: this thread's two token scales (rows r0 and r0 + 8) and the
+  // first query's head weights (shared-memory loads when staged: their latency would otherwise
+  // follow the wait).
+  const float scale0 = page_scales[r0], scale1 = page_scales[r0 + 8];
+  float first[kHeads / 4];
+  weights.Get(kGroup * G::kMmaQueries, lane, first);
+  WgmmaWait<0>();
+  FenceOperand(acc);
+  release();
+  // One warp vote instead of a test per (query, token row): when every scale of the warp's 16
+  // tokens can be factored out (the usual case) the whole warp takes the form with no exact-scale
+  // code; otherwise each lane tests its own two scales as before. The arithmetic of each token is
+  // the same either way.
+  float score[G::Slots(kGroup)];
+  if (__all_sync(0xFFFFFFFFu, BothFactorable(scale0, scale1))) {
+    GroupScores<kHeads, kQueries, kGroup, Weights, true>(acc, weights, first, scale0, scale1, lane, score);
+  } else {
+    GroupScores<kHeads, kQueries, kGroup, Weights>(acc, weights, first, scale0, scale1, lane, score);
+  }
+#pragma unroll
+  for (int s = 0; s < G::Slots(kGroup); ++s) keys[s] = ScoreKey(score[s]);
 }
 
 }  // namespace ffi_dsa::sm90

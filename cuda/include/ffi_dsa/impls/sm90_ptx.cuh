@@ -11,6 +11,32 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Lane 0's value, on every lane. Applied to a value that every lane of the warp already holds, it
+// changes nothing but tells ptxas that the value is warp-uniform: it may then live in a uniform
+// register, and what is derived from it (loop counters, stage and barrier addresses, wgmma
+// descriptors) is computed once per warp on the uniform datapath, with branches on it known not to
+// diverge. DeepGEMM reads its warp index this way.
+template <typename T>
+__device__ __forceinline__ T WarpUniform(T value) {
+  return __shfl_sync(0xFFFFFFFFu, value, 0);
+}
+__device__ __forceinline__ bool WarpUniform(bool value) { return __shfl_sync(0xFFFFFFFFu, static_cast<int>(value), 0) != 0; }
+
+// The same pointer, which the compiler can no longer see through: a loop that stores at
+// p + (uniform offset) then keeps p in registers and adds the offset (two instructions), instead
+// of rebuilding p from its parts (base, row, lane) on every iteration.
+template <typename T>
+__device__ __forceinline__ T* OpaquePointer(T* p) {
+  asm("" : "+l"(p));
+  return p;
+}
+
+// A 32-bit store to global memory through such a pointer: the compiler no longer knows where it
+// points, and would otherwise emit a generic store.
+__device__ __forceinline__ void StoreGlobal(uint32_t* p, uint32_t value) {
+  asm volatile("st.global.u32 [%0], %1;" ::"l"(p), "r"(value) : "memory");
+}
+
 // The lanes below this one in its warp (a special register: no shift of the lane index).
 __device__ __forceinline__ uint32_t LaneMaskLt() {
   uint32_t mask;
@@ -153,7 +179,8 @@ __device__ __forceinline__ uint32_t SmemDescLow(const void* tile) {
 }
 __device__ __forceinline__ uint64_t SmemDesc(uint32_t low) { return (uint64_t(kDescSw128High) << 32) | low; }
 // Advancing along K inside the swizzle atom is a plain start-address offset (the hardware
-// applies the XOR to the final address), 32 bytes per k32 step of FP8.
+// applies the XOR to the final address), 32 bytes per k32 step of FP8; so is moving to another
+// tile of the same buffer (a ring's next stage): the start-address field cannot carry over.
 __device__ __forceinline__ uint32_t DescAdvance(uint32_t low, uint32_t bytes) { return low + (bytes >> 4); }
 
 __device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

@@ -72,21 +72,28 @@ constexpr int kIssuerWarps = 4;
 static_assert(kStages % kIssuerWarps == 0 && kStages % kMathWarpgroups == 0, "stage ownership");
 constexpr int64_t kPrefetchTableBytes = int64_t(8) << 20;
 
+// One stage of the page ring: everything about its page at one stride, so that each of the page
+// loop's addresses is the stage's base plus a constant (one multiply per page, not a shift and
+// a mask per array). The FP8 rows come first, 1024-aligned (TMA swizzle-128B atoms).
+struct alignas(1024) PageStage {
+  uint8_t k_tile[kPageFp8Bytes];
+  float scales[kPageTokens];
+  int32_t page;  // page id as read from the block table, written before the full arrive
+  uint64_t full, empty;
+};
+
 // Kernels are compiled per head count and per N (kQueries): the query loops unroll to exactly N
 // copies and the Q buffers hold N tiles.
 template <int kHeads, int kQueries>
 struct alignas(1024) ScoreSmem {
-  uint8_t k_tiles[kStages][kPageFp8Bytes];  // each 1024-aligned: TMA swizzle-128B atoms
+  PageStage stages[kStages];
   uint8_t q_tiles[2][kQueries * kQTileBytes<kHeads>];   // segment k uses buffer k % 2
   alignas(16) float weights[kMathWarpgroups][kQueries * kHeads];  // StagedWeights: a copy per warpgroup
-  float scales[kStages][kPageTokens];
-  int32_t stage_page[kStages];               // page id of the stage, written before its full arrive
-  uint64_t full[kStages];
-  uint64_t empty[kStages];
   uint64_t q_full[2];
   uint64_t q_empty[2];
   typename cub::BlockScan<long long, kScoreThreads>::TempStorage scan;
   long long first_row_start;
+  long long range_begin, range_end;  // the CTA's flat page range (SegmentWalk)
   int32_t first_row;
 };
 
@@ -95,16 +102,19 @@ inline constexpr size_t ScoreSmemBytes() { return 1024 /* alignment slack */ + s
 
 // Walks the rows that intersect a CTA's flat page range, one segment (row, page range) at a time.
 // Every role walks it on its own; the walk is deterministic, so all agree on segment k.
+// The range's end is read from shared memory at each step (ScoreSmem::range_end) rather than
+// kept: a 64-bit value live from the prologue's scan through both roles was spilled.
 struct SegmentWalk {
   int64_t row;
   long long row_start;  // flat index of the row's first page
-  long long next, end;  // the CTA's flat range still to cover
+  long long next;       // the CTA's flat range still to cover: [next, end)
   // Current segment.
   int64_t seg_row;
   int32_t page_begin, page_end;
 
   template <int kQueries>
-  __device__ bool Next(const ScoreParams& p) {
+  __device__ bool Next(const ScoreParams& p, const long long& range_end) {
+    const long long end = range_end;
     while (next < end) {
       const long long pages = RowScoredPages<kQueries>(p.seq_lens, row, p.qs, p.max_pages, p.topk, p.sorted);
       if (next >= row_start + pages) {  // past this row (also skips empty and unscored rows)
@@ -149,6 +159,7 @@ using ScoreWeights = std::conditional_t<kQueries * kHeads <= kHeldWeights, RowWe
 
 // First local page index >= i0 that belongs to `lane_of_four` (pages go round-robin by i % 4).
 __device__ __forceinline__ int FirstOwned(int i0, int lane_of_four) { return i0 + ((lane_of_four - i0 % 4) + 4) % 4; }
+__device__ __forceinline__ uint32_t FirstOwned(uint32_t i0, uint32_t lane_of_four) { return i0 + ((lane_of_four - i0) & 3u); }
 
 // The producer warpgroup: its four warps issue every 4th page each into the stage ring, and warp 0
 // loads each segment's Q.
@@ -162,7 +173,7 @@ __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, con
   const int pw = (tid - kMathThreads) / 32, lane = tid % 32;
   const bool leader = lane == 0;
   int segment = 0, i0 = 0;
-  while (walk.Next<kQueries>(p)) {
+  while (walk.Next<kQueries>(p, s.range_end)) {
     const int np = walk.page_end - walk.page_begin;
     if (pw == 0 && leader) LoadSegmentQ(s, q_map, walk.seg_row, segment);
     __syncwarp();
@@ -176,16 +187,16 @@ __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, con
         const int i = base + u * kIssuerWarps;
         const int32_t page = __shfl_sync(0xFFFFFFFFu, my_page, u);
         const int st = i % kStages;
-        if (i >= kStages) MbarWait(&s.empty[st], ((i / kStages) - 1) & 1);
+        PageStage& stage = s.stages[st];
+        if (i >= kStages) MbarWait(&stage.empty, ((i / kStages) - 1) & 1);
         if (leader) {
-          s.stage_page[st] = page;  // published by the arrive below (release)
+          stage.page = page;  // published by the arrive below (release)
           if (page >= 0 && page < p.num_pages) {
-            MbarArriveExpectTx(&s.full[st], kPageFp8Bytes + kScaleBytes);
-            TmaLoad3d(s.k_tiles[st], &k_map, 0, 0, page, &s.full[st]);
-            BulkLoad(s.scales[st], p.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes,
-                     &s.full[st]);
+            MbarArriveExpectTx(&stage.full, kPageFp8Bytes + kScaleBytes);
+            TmaLoad3d(stage.k_tile, &k_map, 0, 0, page, &stage.full);
+            BulkLoad(stage.scales, p.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes, &stage.full);
           } else {
-            MbarArrive(&s.full[st]);  // nothing to load: the consumers see the invalid id themselves
+            MbarArrive(&stage.full);  // nothing to load: the consumers see the invalid id themselves
           }
         }
         __syncwarp();
@@ -196,84 +207,147 @@ __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, con
   }
 }
 
-// A math warpgroup: pages i = wg (mod 4) of the CTA's range, every group of the row's queries
-// (sm90_page_epilogue.cuh), one key per (query, token) to the query row's workspace row.
+// What a math thread holds for one segment (a row's page range): where its keys go and what it
+// scores with, and the page body (Page) that the warpgroup's page loop runs.
 template <int kHeads, int kQueries>
-__device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s, const ScoreParams& p,
-                                                 SegmentWalk walk, int tid) {
-  constexpr int queries = kQueries;  // p.qs.queries
+struct SegmentScorer {
   using Groups = PageGroups<kHeads, kQueries>;
-  constexpr int kSlots = Groups::kSlots;
-  const int wg = tid / kWarpgroupThreads, warp = (tid % kWarpgroupThreads) / 32, lane = tid % 32;
-  // Accumulator layout of wgmma m64nN: thread holds rows r0 and r0 + 8, columns
-  // 8j + 2 * (lane % 4) + {0, 1}; after the quad reduction a lane's scores are of token r0 + 8 * (lane & 1).
-  const int r0 = 16 * warp + lane / 4;
-  const int token = r0 + 8 * (lane & 1);
-  int segment = 0, i0 = 0;
-  while (walk.Next<kQueries>(p)) {
-    const int np = walk.page_end - walk.page_begin;
-    const int qb = segment & 1;
-    const int first = FirstOwned(i0, wg);
+  static constexpr int kSlots = Groups::kSlots;
+  ScoreSmem<kHeads, kQueries>& s;
+  int r0, lane;
+  uint32_t page_bound;  // page ids below it are valid
+  uint32_t i0;          // the CTA's local index of the segment's first page
+  int32_t page_begin;   // the row's page at i0
+  uint32_t desc_q;
+  LaneSlots<kHeads, kQueries> slots;  // this lane's slots (sm90_page_epilogue.cuh)
+  int32_t group_end[Groups::kCount];  // where each group's keys end (uniform)
+  uint32_t* slot_keys[kSlots];        // the slots' keys at this lane's token of the row's page page_begin
+  ScoreWeights<kHeads, kQueries> weights;
+
+  // Everything but the Q tiles, read before the caller waits for them: on a cold call seq_lens,
+  // the weights and Q are all memory round trips, and this way they overlap.
+  __device__ __forceinline__ void Begin(const ScoreParams& p, int64_t row, uint32_t wg, int tid, int token) {
     // Each query's keys end at its length rounded up to a quad (the select reads whole quads;
-    // the pad gets kNotCandidate); 0 for a query that needs no scores. Read before the Q wait:
-    // on a cold call seq_lens and Q are both memory round trips, and this way they overlap.
+    // the pad gets kNotCandidate); 0 for a query that needs no scores.
     int32_t length[kQueries], written[kQueries];
 #pragma unroll
     for (int j = 0; j < kQueries; ++j) {
-      length[j] = QueryLength(p.seq_lens, walk.seg_row, j, p.qs, p.max_pages);
+      length[j] = QueryLength(p.seq_lens, row, j, p.qs, p.max_pages);
       written[j] = ScoresNeeded(length[j], p.topk, p.sorted) ? static_cast<int32_t>((int64_t(length[j]) + 3) / 4 * 4) : 0;
     }
-    // This lane's slots (sm90_page_epilogue.cuh) and their keys at this lane's token of page 0.
-    LaneSlots<kHeads, kQueries> slots;
-    slots.Set(length, written, lane);
-    uint32_t* slot_keys[kSlots];
+    slots.Set(length, written, lane, token);
+    GroupEnds<kHeads, kQueries>(written, group_end);
 #pragma unroll
-    for (int x = 0; x < kSlots; ++x) slot_keys[x] = p.keys + (walk.seg_row * queries + slots.query[x]) * p.row_stride + token;
-    // The head weights too (HBM round trips on a cold call, like Q: loaded before its wait).
-    ScoreWeights<kHeads, kQueries> weights;
-    const float* row_weights = p.weights + walk.seg_row * queries * kHeads;
+    for (int g = 0; g < Groups::kCount; ++g) group_end[g] = WarpUniform(group_end[g]);
+#pragma unroll
+    for (int x = 0; x < kSlots; ++x) {
+      slot_keys[x] = OpaquePointer(p.keys + (row * kQueries + slots.query[x]) * p.row_stride + page_begin * kPageTokens + token);
+    }
+    const float* row_weights = p.weights + row * kQueries * kHeads;
     if constexpr (decltype(weights)::kStaged) {
       weights.Load(row_weights, s.weights[wg], tid % kWarpgroupThreads, /*barrier=*/1 + wg);
     } else {
       weights.Load(row_weights, lane);
     }
-    const uint32_t desc_q = SmemDescLow(s.q_tiles[qb]);
+  }
+
+  // Page i of the CTA, staged in `stage` (descriptor desc_k), loaded in phase `phase`: every group
+  // of the row's queries, one key per (query, token) to the query rows' workspace rows.
+  __device__ __forceinline__ void Page(uint32_t i, PageStage& stage, uint32_t desc_k, uint32_t phase) {
+    MbarWait(&stage.full, phase);
+    // The page id is read now and used only after the products: no branch on it (an invalid
+    // page's stage holds stale bytes; its keys are kNotCandidate). One unsigned compare: a
+    // negative id is above any bound.
+    const bool valid = static_cast<uint32_t>(stage.page) < page_bound;
+    const int32_t seg_t0 = static_cast<int32_t>(i - i0) * kPageTokens;  // the page's first token in the segment
+    const int32_t page_t0 = page_begin * kPageTokens + seg_t0;            // and in the row
+    ForEachGroup<Groups::kCount>([&](auto group) {
+      constexpr int g = decltype(group)::value;
+      constexpr bool kLast = g == Groups::kCount - 1;  // the stage is released after its products
+      // With one group, the row's longest query (the loop's end) sees every page; with more, a
+      // group whose queries all end before this page skips its products (uniform).
+      if (Groups::kCount > 1 && page_t0 >= group_end[g]) {
+        if (kLast) MbarArrive(&stage.empty);
+        return;
+      }
+      uint32_t keys[Groups::Slots(g)];
+      ScoreGroup<kHeads, kQueries, g>(desc_k, desc_q, stage.scales, r0, lane, weights, [&] {
+        if (kLast) MbarArrive(&stage.empty);  // this thread no longer reads the stage
+      }, keys);
+      // Every byte the select reads is written (compute-sanitizer initcheck), nothing past it.
+#pragma unroll
+      for (int x = 0; x < Groups::Slots(g); ++x) {
+        const int slot = Groups::FirstSlot(g) + x;
+        const uint32_t key = valid && page_t0 < slots.key_end[slot] ? keys[x] : kNotCandidate;
+        if (page_t0 < slots.store_end[slot]) StoreGlobal(slot_keys[slot] + static_cast<uint32_t>(seg_t0), key);
+      }
+    });
+  }
+};
+
+// A math warpgroup: pages i = wg (mod 4) of the CTA's range, segment by segment.
+template <int kHeads, int kQueries>
+__device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s, const ScoreParams& p,
+                                                 SegmentWalk walk, int tid) {
+  // The warp's index, and below each segment's page range, read through WarpUniform: ptxas then
+  // keeps the page loop's counter, stage, phase, barrier addresses and descriptors in uniform
+  // registers, off the vector pipe and with no R2UR before each wgmma. Every lane walks the same
+  // segments: the shuffles only tell ptxas so.
+  const uint32_t cta_warp = WarpUniform(static_cast<uint32_t>(tid) / 32);
+  const uint32_t wg = cta_warp / 4;
+  const int warp = static_cast<int>(cta_warp % 4), lane = tid % 32;
+  // Accumulator layout of wgmma m64nN: thread holds rows r0 and r0 + 8, columns
+  // 8j + 2 * (lane % 4) + {0, 1}; after the quad reduction a lane's scores are of token r0 + 8 * (lane & 1).
+  const int r0 = 16 * warp + lane / 4;
+  const int token = r0 + 8 * (lane & 1);
+  SegmentScorer<kHeads, kQueries> seg{s, r0, lane};
+  seg.page_bound = p.num_pages > INT32_MAX ? 0x80000000u : static_cast<uint32_t>(p.num_pages);
+  uint32_t segment = 0, i0 = 0;
+  while (WarpUniform(walk.Next<kQueries>(p, s.range_end))) {
+    seg.i0 = i0;
+    seg.page_begin = WarpUniform(walk.page_begin);
+    const uint32_t i_end = i0 + static_cast<uint32_t>(WarpUniform(walk.page_end) - seg.page_begin);
+    const uint32_t qb = segment & 1;
+    seg.Begin(p, walk.seg_row, wg, tid, token);
+    // The segment's Q descriptor and this warpgroup's first stage's (its other stage lies at a
+    // fixed offset, DescAdvance), through WarpUniform, which ptxas cannot recompute: it keeps
+    // them in uniform registers instead of rebuilding them from the shared window's base per page.
+    seg.desc_q = WarpUniform(SmemDescLow(s.q_tiles[qb]));
+    const uint32_t desc_own = WarpUniform(SmemDescLow(s.stages[wg].k_tile));
     // Every math thread waits for the segment's Q, pages or not: its q_empty arrival below must
     // not run ahead into the next phase of the buffer (a warpgroup with no page in several
     // one-page segments would otherwise arrive for segment k + 2 before others did for k).
     MbarWait(&s.q_full[qb], (segment >> 1) & 1);
-    for (int i = first; i < i0 + np; i += kMathWarpgroups) {
-      const int stage = i % kStages;
-      MbarWait(&s.full[stage], (i / kStages) & 1);
-      const int32_t page = s.stage_page[stage];
-      const bool valid = page >= 0 && page < p.num_pages;  // uniform over the warpgroup
-      const int32_t page_t0 = (walk.page_begin + (i - i0)) * kPageTokens;
-      // The groups with a query that sees this page (uniform); the stage is released after the
-      // last one's products.
-      uint32_t seen = 0;
-#pragma unroll
-      for (int j = 0; j < kQueries; ++j) seen |= uint32_t(page_t0 < written[j]) << (j / Groups::kMmaQueries);
-      const int last = seen ? 31 - __clz(seen) : -1;
-      if (last < 0) MbarArrive(&s.empty[stage]);
-      const uint32_t desc_k = SmemDescLow(s.k_tiles[stage]);
-      ForEachGroup<Groups::kCount>([&](auto group) {
-        constexpr int g = decltype(group)::value;
-        if (!((seen >> g) & 1)) return;
-        uint32_t keys[Groups::Slots(g)];
-        ScoreGroup<kHeads, kQueries, g>(valid, desc_k, desc_q, s.scales[stage], r0, lane, weights, [&] {
-          if (g == last) MbarArrive(&s.empty[stage]);  // this thread no longer reads the stage
-        }, keys);
-        // Every byte the select reads was written (compute-sanitizer initcheck).
-#pragma unroll
-        for (int x = 0; x < Groups::Slots(g); ++x) {
-          const int slot = Groups::FirstSlot(g) + x;
-          const int32_t t = page_t0 + token;
-          if (t < slots.written[slot]) slot_keys[slot][page_t0] = t < slots.length[slot] ? keys[x] : kNotCandidate;
-        }
-      });
+    // Page i of the CTA uses stage i % 8, in phase (i / 8) & 1.
+    const uint32_t first = FirstOwned(i0, wg);
+    if constexpr (PageGroups<kHeads, kQueries>::kCount == 1) {
+      // Page 8t + wg uses stage wg and page 8t + wg + 4 stage wg + 4, both in phase t & 1
+      // (kStages = 2 x 4 warpgroups): walking turn t's pair, each page's stage is this warpgroup's
+      // first stage plus a constant, and its barriers, page id, scales and descriptor need no
+      // stage arithmetic. (With two groups per page the second copy of the page costs more
+      // registers than the arithmetic it saves: spills.)
+      static_assert(kStages == 2 * kMathWarpgroups, "a warpgroup's pages alternate between two stages");
+      PageStage* const own = &s.stages[wg];
+      const uint32_t desc_other = DescAdvance(desc_own, kMathWarpgroups * sizeof(PageStage));
+      uint32_t i = first;
+      if (i < i_end && i % kStages != wg) {  // the segment starts on the turn's second page
+        seg.Page(i, own[kMathWarpgroups], desc_other, (i / kStages) & 1);
+        i += kMathWarpgroups;
+      }
+      for (; i < i_end; i += kStages) {
+        const uint32_t phase = (i / kStages) & 1;
+        seg.Page(i, own[0], desc_own, phase);
+        if (i + kMathWarpgroups < i_end) seg.Page(i + kMathWarpgroups, own[kMathWarpgroups], desc_other, phase);
+      }
+    } else {
+      const uint32_t desc_k0 = WarpUniform(SmemDescLow(s.stages[0].k_tile));
+      for (uint32_t i = first; i < i_end; i += kMathWarpgroups) {
+        const uint32_t st = i % kStages;
+        seg.Page(i, s.stages[st], DescAdvance(desc_k0, st * sizeof(PageStage)), (i / kStages) & 1);
+      }
     }
     MbarArrive(&s.q_empty[qb]);  // done with this segment's Q (every math thread, pages or not)
-    i0 += np;
+    i0 = i_end;
     ++segment;
   }
 }
@@ -309,8 +383,8 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   }
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
-      MbarInit(&s.full[st], 1);
-      MbarInit(&s.empty[st], kWarpgroupThreads);
+      MbarInit(&s.stages[st].full, 1);
+      MbarInit(&s.stages[st].empty, kWarpgroupThreads);
     }
     for (int b = 0; b < 2; ++b) {
       MbarInit(&s.q_full[b], 1);
@@ -354,6 +428,10 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   const long long range_begin = share_start(blockIdx.x);
   const long long range_end = share_start(blockIdx.x + 1);
   if (range_begin >= range_end) return;  // fewer pages than CTAs: the whole CTA leaves together
+  if (tid == 0) {  // read after the barrier below (the loop runs at least once)
+    s.range_begin = range_begin;
+    s.range_end = range_end;
+  }
   // The row holding the range's first page. (Scanning the first tile again would put a block scan
   // and its barrier on every CTA's critical path.)
   long long carry = 0;
@@ -373,7 +451,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     carry += tile_total;
     __syncthreads();
   }
-  SegmentWalk walk{s.first_row, s.first_row_start, range_begin, range_end, 0, 0, 0};
+  SegmentWalk walk{s.first_row, s.first_row_start, s.range_begin, 0, 0, 0};
   // One branch per role, so that each warpgroup's setmaxnreg is the first thing its branch does.
   if (tid >= kMathThreads) {
     ShrinkRegisters<kProducerRegisters>();
