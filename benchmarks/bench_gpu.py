@@ -3,6 +3,8 @@
     python benchmarks/bench_gpu.py [--json PATH] [--plot PATH] [--workloads W1,W5,...]
     python -m ffi_dsa bench [same options]           (when torch sees a GPU)
     python benchmarks/bench_gpu.py --device cpu --smoke   (plumbing check without a GPU)
+    python benchmarks/bench_gpu.py --workloads serving,wide --ids slots,positions --no-naive
+                                     (what ids="positions" and max_seq_len cost: one call)
 
 For every workload (W1..W6: serving-sized; C1..C5: small, like the public FlashInfer-Bench set):
   floor      (132 B x context tokens + B x (8192 + 256 + 8192) B) / device copy bandwidth, the
@@ -21,6 +23,16 @@ For every workload (W1..W6: serving-sized; C1..C5: small, like the public FlashI
   peer chain the same chain measured on an H100 by the peer study (a fixed reference table below)
 Each ffi_dsa result is checked once with ffi_dsa.check_topk (float64 reference, contract tolerance, docs/contract.md),
 on a subset of rows for large batches.
+
+The decode options: W1w/W3w/W5w are W1/W3/W5's rows in block tables 2560 pages wide (the model's
+longest context, as engines allocate them), and W1wh/W3wh/W5wh the same calls given
+``max_seq_len`` = the batch's longest row (vLLM's bound); a summary line gives each wide form's cost
+against the narrow table. ``--ids slots,positions`` times every workload with each id kind on the
+same input sets (graph and in-graph replays; the first kind's figures fill the table, the others a
+ratio column and the JSON), after checking that positions mapped through the block table are the
+slots byte for byte: W5 (and the rows of at most K tokens) take the one-kernel path, the others the
+two-kernel path. Workload groups: ``serving`` (W1..W6), ``contest`` (C1..C5), ``wide`` (W1, W3, W5
+and their wide forms).
 """
 
 from __future__ import annotations
@@ -94,13 +106,37 @@ def workloads(seed: int = 1234) -> dict[str, dict]:
         "L2": {"lens": np.full(256, 2049), "desc": "B=256 x 2049"},
     }
     # The same rows in block tables as wide as serving engines allocate them (the model's longest
-    # context, 163840 tokens): the cost must not follow the table's width.
+    # context, 163840 tokens): the cost must not follow the table's width; with the caller's bound on
+    # the longest row (max_seq_len, as vLLM passes it) the select plans for the rows, not the table.
     for name in ("W1", "W3", "W5"):
         w[name + "w"] = {"lens": w[name]["lens"], "desc": w[name]["desc"] + ", table 2560 pages",
                          "table_pages": MODEL_TABLE_PAGES}
+        w[name + "wh"] = {**w[name + "w"], "desc": w[name + "w"]["desc"] + ", max_seq_len",
+                          "max_seq_len": int(np.max(w[name]["lens"]))}
     for item in w.values():
         item["lens"] = np.asarray(item["lens"], dtype=np.int64)
     return w
+
+
+# names --workloads takes for several workloads at once
+WORKLOAD_GROUPS = {
+    "serving": ["W1", "W2", "W3", "W4", "W5", "W6"],
+    "contest": ["C1", "C2", "C3", "C4", "C5"],
+    "wide": ["W1", "W1w", "W1wh", "W3", "W3w", "W3wh", "W5", "W5w", "W5wh"],
+}
+IDS = ("slots", "positions")
+
+
+def workload_names(text: str, known) -> list[str]:
+    """--workloads as names, groups expanded, each once, in order ("all": every workload)."""
+    if text == "all":
+        return list(known)
+    names = []
+    for item in (n.strip() for n in text.split(",") if n.strip()):
+        for name in WORKLOAD_GROUPS.get(item, [item]):
+            if name not in names:
+                names.append(name)
+    return names
 
 
 def floor_bytes(lens: np.ndarray) -> int:
@@ -349,11 +385,14 @@ def check_rows(lens: np.ndarray, budget_tokens: int) -> list[int]:
     return sorted(chosen)
 
 
-def check_result(out: torch.Tensor, batch: TorchBatch, rows: list[int]) -> list[str]:
-    """check_topk on `rows` only: a compact copy of those rows and their pages (host float64)."""
+def check_result(out: torch.Tensor, batch: TorchBatch, rows: list[int], ids: str = "slots") -> list[str]:
+    """check_topk on `rows` only: a compact copy of those rows and their pages (host float64).
+    Positions need no remapping: they do not name pages."""
     sub, page_map = batch.compact(rows)
-    ids = remap_ids(out[rows].cpu().numpy(), page_map)
-    problems = ffi_dsa.check_topk(ids, *sub.args())  # check_topk copies tensors to the host
+    got = out[rows].cpu().numpy()
+    if ids == "slots":
+        got = remap_ids(got, page_map)
+    problems = ffi_dsa.check_topk(got, *sub.args(), ids=ids)  # check_topk copies tensors to the host
     renamed = []
     for p in problems:  # name the rows of the full batch
         m = re.match(r"row (\d+):", p)
@@ -380,9 +419,18 @@ def run_workload(name: str, spec: dict, a, clock: Clock, bandwidth: float, chain
     print(f"  {name} ({spec['desc']}, {r['tokens']} tokens): {rot.sets} input sets over "
           f"{rot.cache_bytes / MB:.0f} MB of K cache, generated in {time.perf_counter() - t0:.2f} s", flush=True)
 
-    def make_call(i):
-        args, out = rot.set_args(i), rot.outs[i]
-        return lambda: ffi_dsa.call(*args, out)
+    r["ids"], r["max_seq_len"] = a.ids[0], spec.get("max_seq_len")
+
+    def caller(ids: str):
+        """make_call(i) of the workload's calls with `ids`: the zero-argument call for set i."""
+        options = {"ids": ids, "max_seq_len": spec.get("max_seq_len")}
+
+        def make_call(i):
+            args, out = rot.set_args(i), rot.outs[i]
+            return lambda: ffi_dsa.call(*args, out, **options)
+        return make_call
+
+    make_call = caller(a.ids[0])
 
     # correctness first: one eager call on set 0, poisoned output, checked on a row subset
     set0 = rot.mega.rows(0, rot.batch)
@@ -393,7 +441,7 @@ def run_workload(name: str, spec: dict, a, clock: Clock, bandwidth: float, chain
     rows = check_rows(lens, a.check_tokens)
     t0 = time.perf_counter()
     try:
-        problems = check_result(rot.outs[0], set0, rows)
+        problems = check_result(rot.outs[0], set0, rows, a.ids[0])
     except Exception as exc:  # noqa: BLE001
         problems = [f"check crashed: {type(exc).__name__}: {exc}"]
     r["check"] = "PASS" if not problems else "FAIL"
@@ -430,6 +478,11 @@ def run_workload(name: str, spec: dict, a, clock: Clock, bandwidth: float, chain
         except Exception as exc:  # noqa: BLE001
             r["graph_error"] = f"{type(exc).__name__}: {exc}"
             print(f"    graph capture/replay failed: {r['graph_error']}", flush=True)
+    # the other id kinds: the same selection on set 0, then (CUDA) their times on the same sets
+    r["by_ids"] = {ids: other_ids(caller(ids), rot, set0, reference_out, a, clock, ids) for ids in a.ids[1:]}
+    if any(not t["same_selection"] for t in r["by_ids"].values()):
+        r["check"] = "FAIL"
+        r["problems"].insert(0, "another id kind selected other tokens")
     best = r["graph_us"] if r["graph_us"] is not None else r["eager_us"]
     r["tokens_per_s"] = r["tokens"] / (best * 1e-6)
     r["pct_floor"] = 100.0 * r["floor_us"] / best
@@ -498,16 +551,68 @@ def run_workload(name: str, spec: dict, a, clock: Clock, bandwidth: float, chain
     return r
 
 
+def as_slots(out: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """An output of positions as global slots through the block table (one table row per query
+    row's batch row); -1 kept."""
+    rows = out.reshape(block_table.shape[0], -1)
+    t = rows.clamp(min=0).long()
+    page = torch.gather(block_table.long(), 1, t // PAGE_TOKENS)
+    return torch.where(rows >= 0, page * PAGE_TOKENS + t % PAGE_TOKENS, -1).to(torch.int32).reshape(out.shape)
+
+
+def other_ids(make_call, rot: Rotation, set0: TorchBatch, first_out: torch.Tensor, a, clock: Clock,
+              ids: str) -> dict:
+    """The workload's calls with another id kind: its output on set 0 against the first kind's
+    (positions mapped to slots), then on CUDA its graph and in-graph times on the same input sets."""
+    rot.outs[0].fill_(-7)
+    make_call(0)()
+    clock.sync()
+    mine, theirs = rot.outs[0], first_out
+    if ids == "positions":
+        mine = as_slots(mine, set0.block_table)
+    elif a.ids[0] == "positions":
+        theirs = as_slots(theirs, set0.block_table)
+    same = bool(torch.equal(mine, theirs))
+    if not clock.cuda or a.no_graph:
+        print(f"    ids={ids}: the same selection as ids={a.ids[0]}: {'yes' if same else 'NO'}", flush=True)
+        return {"same_selection": same}
+    graphs = capture_graphs(make_call, rot.sets, pool=torch.cuda.graph_pool_handle())
+    graph = statistics.median(time_graph_replays(clock, graphs, a.replays, a.warmup)) * 1e6
+    del graphs
+    in_graph, _ = in_graph_us(clock, make_call, rot.sets, a.calls_per_graph, a.replays, a.warmup)
+    print(f"    ids={ids}: graph {graph:.2f} us | in-graph {in_graph:.2f} us | the same selection as "
+          f"ids={a.ids[0]}: {'yes' if same else 'NO'}", flush=True)
+    return {"graph_us": graph, "in_graph_us": in_graph, "same_selection": same}
+
+
+def print_option_summary(results: list[dict]) -> None:
+    """The decode options' costs: each other id kind against the first, and each wide table (with
+    and without max_seq_len) against the same rows in a narrow table (in-graph times)."""
+    by_name = {r["name"]: r for r in results}
+    for r in results:
+        for ids, t in r.get("by_ids", {}).items():
+            if r.get("in_graph_us") and t.get("in_graph_us"):
+                print(f"{r['name']}: ids={ids} / ids={r['ids']} = {t['in_graph_us'] / r['in_graph_us']:.3f} in-graph, "
+                      f"{t['graph_us'] / r['graph_us']:.3f} graph" + ("" if t["same_selection"] else "  DIFFERENT IDS"))
+    for base in ("W1", "W3", "W5"):
+        narrow = by_name.get(base, {}).get("in_graph_us")
+        for form, what in ((base + "w", "table 2560 pages"), (base + "wh", "table 2560 pages + max_seq_len")):
+            wide = by_name.get(form, {}).get("in_graph_us")
+            if narrow and wide:
+                print(f"{form}: {what} vs {base}: {100 * (wide / narrow - 1):+.1f}% in-graph "
+                      f"({wide:.2f} vs {narrow:.2f} us)")
+
+
 def print_table(results: list[dict], bandwidth: float, chain_note: str) -> None:
     print()
     print(f"ffi_dsa, K={TOPK}; copy bandwidth {bandwidth / 1e12:.3f} TB/s (read + write); times in us, "
           "median per call")
-    head = (f"{'wl':<3} {'B':>4} {'tokens':>8} {'floor':>7} {'graph':>8} {'in-graph':>8} {'eager':>8} {'tokens/s':>9} "
+    head = (f"{'wl':<4} {'B':>4} {'tokens':>8} {'floor':>7} {'graph':>8} {'in-graph':>8} {'eager':>8} {'tokens/s':>9} "
             f"{'%floor':>6} {'vs naive':>8} {'chain*':>7} {'vs chain*':>9} {'vs DG+FI':>8}  check")
     print(head)
     print("-" * len(head))
     for r in results:
-        print(f"{r['name']:<3} {r['batch']:>4} {r['tokens']:>8} {r['floor_us']:>7.2f} {fmt(r['graph_us'], '.2f'):>8} "
+        print(f"{r['name']:<4} {r['batch']:>4} {r['tokens']:>8} {r['floor_us']:>7.2f} {fmt(r['graph_us'], '.2f'):>8} "
               f"{fmt(r.get('in_graph_us'), '.2f'):>8} "
               f"{r['eager_us']:>8.2f} {r['tokens_per_s']:>9.2e} {r['pct_floor']:>5.0f}% "
               f"{fmt(r['vs_naive'], '.1f') + ('x' if r['vs_naive'] else ''):>8} "
@@ -569,7 +674,13 @@ def plot(results: list[dict], path: Path, title: str) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bench_gpu", description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="all", help="comma list of W1..W6, C1..C5, L1 (1 x 1M), L2 (256 x 2049), W1w/W3w/W5w (2560-page tables); default all")
+    parser.add_argument("--workloads", default="all",
+                        help="comma list of W1..W6, C1..C5, L1 (1 x 1M), L2 (256 x 2049), W1w/W3w/W5w (2560-page "
+                             "tables), W1wh/W3wh/W5wh (the same with max_seq_len), or the groups serving, contest, "
+                             "wide; default all")
+    parser.add_argument("--ids", default="slots",
+                        help="id kinds to time, comma-separated (slots, positions): the first fills the table, "
+                             "the others are timed beside it on the same inputs")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu only exercises the plumbing (no graphs, tiny sizes with --smoke)")
     parser.add_argument("--smoke", action="store_true", help="lengths / 32, 64 MB rotation, few replays")
@@ -599,14 +710,19 @@ def main(argv=None) -> int:
     a.replays = max(a.replays, 1)
 
     all_w = workloads(a.seed)
-    names = list(all_w) if a.workloads == "all" else [n.strip() for n in a.workloads.split(",") if n.strip()]
+    names = workload_names(a.workloads, all_w)
     unknown = [n for n in names if n not in all_w]
     if unknown:
-        parser.error(f"unknown workloads {unknown}; known: {list(all_w)}")
+        parser.error(f"unknown workloads {unknown}; known: {list(all_w)} and the groups {list(WORKLOAD_GROUPS)}")
+    a.ids = [i.strip() for i in a.ids.split(",") if i.strip()]
+    if not a.ids or any(i not in IDS for i in a.ids) or len(set(a.ids)) != len(a.ids):
+        parser.error(f"--ids takes distinct values of {IDS}, got {a.ids}")
     if a.smoke:
         for n in names:
             all_w[n]["lens"] = np.maximum(all_w[n]["lens"] // 32, 1)
             all_w[n]["desc"] += " /32"
+            if "max_seq_len" in all_w[n]:
+                all_w[n]["max_seq_len"] = int(all_w[n]["lens"].max())
 
     clock = Clock(a.device)
     if clock.cuda:
@@ -649,6 +765,7 @@ def main(argv=None) -> int:
     ok = [r for r in results if "error" not in r]
     print(f"\n  workloads done in {time.perf_counter() - start:.0f} s", flush=True)
     print_table(ok, bandwidth, chain_note)
+    print_option_summary(ok)
     for r in results:
         if "error" in r:
             print(f"{r['name']}: ERROR {r['error']}")
@@ -656,7 +773,7 @@ def main(argv=None) -> int:
     payload = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"), "device": device_desc,
         "host": f"{platform.node()} {os.cpu_count()} cores", "copy_bandwidth_Bps": bandwidth,
-        "topk": TOPK, "replays": a.replays, "warmup": a.warmup, "rotate_mb": a.rotate_mb, "smoke": a.smoke,
+        "topk": TOPK, "ids": a.ids, "replays": a.replays, "warmup": a.warmup, "rotate_mb": a.rotate_mb, "smoke": a.smoke,
         "chain": chain_note, "peer_h100_2026_11_22": PEER_H100_2026_11_22,
         "workload_lengths": {n: all_w[n]["lens"].tolist() for n in names}, "results": results,
     }

@@ -19,10 +19,12 @@ import torch
 
 import ffi_dsa
 
-from ffi_dsa import _ffi_api
+from ffi_dsa import _ffi_api, decode
 import ffi_dsa.torch_ops  # noqa: F401  (registers torch.ops.dsa.*)
 from ffi_dsa.contract import DEFAULT_TOPK
 from ffi_dsa.workloads import make_batch
+
+DEFAULT_ATTRS = decode.OP.attrs({})  # the exported function's option attributes at their defaults
 
 
 def _custom_op():
@@ -33,7 +35,7 @@ def _custom_op():
     def op(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, seq_lens: torch.Tensor,
            block_table: torch.Tensor, topk: int = DEFAULT_TOPK, sorted: bool = False) -> torch.Tensor:
         out = torch.empty((q.shape[0], topk), dtype=torch.int32, device=q.device)
-        fn(q, k_cache, weights, seq_lens, block_table, out, sorted)
+        fn(q, k_cache, weights, seq_lens, block_table, out, *decode.OP.attrs({"sorted": sorted}))
         return out
 
     @op.register_fake
@@ -73,8 +75,8 @@ def main(argv=None) -> int:
         B = len(lens)
         out = torch.empty((B, K), dtype=torch.int32)
         routes = {
-            "tvm-ffi function, preallocated output": lambda: fn(q, k, w, s, bt, out, False),
-            "torch.empty + tvm-ffi function": lambda: fn(q, k, w, s, bt, torch.empty((B, K), dtype=torch.int32), False),
+            "tvm-ffi function, preallocated output": lambda: fn(q, k, w, s, bt, out, *DEFAULT_ATTRS),
+            "torch.empty + tvm-ffi function": lambda: fn(q, k, w, s, bt, torch.empty((B, K), dtype=torch.int32), *DEFAULT_ATTRS),
             "ffi_dsa.call, preallocated output": lambda: ffi_dsa.call(q, k, w, s, bt, out),
             "Library: torch.ops.dsa.topk_indexer.default": lambda: torch.ops.dsa.topk_indexer.default(q, k, w, s, bt, K),
             "Library: torch.ops.dsa.topk_indexer (packet)": lambda: torch.ops.dsa.topk_indexer(q, k, w, s, bt, K),

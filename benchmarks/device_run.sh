@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script a GPU call runs, from the repository root of the device machine:
 #
-#   bash benchmarks/device_run.sh [build|test|sanitize|bench|queries|counters|fuzz|chain|prefill|sharded|all]...
+#   bash benchmarks/device_run.sh [build|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded|all]...
 #                                                                                             (default: all)
 #
 #   build     import ffi_dsa, force the CUDA module build, print ptxas resource usage (-Xptxas -v)
@@ -10,10 +10,14 @@
 #   sanitize  compute-sanitizer memcheck / racecheck / synccheck over benchmarks/sanitize_cases.py
 #                                                                -> $OUT/sanitize.log
 #   bench     benchmarks/bench_gpu.py                            -> $OUT/bench.{log,json,png}
+#   options   what decode's options cost: bench_gpu.py --workloads serving,wide --ids slots,positions
+#             (positions beside slots on both paths; wide tables with and without max_seq_len)
+#                                                                -> $OUT/options.{log,json}
 #   queries   benchmarks/bench_queries.py (N queries per row, 32 heads) -> $OUT/queries.{log,json}
 #   counters  benchmarks/kernel_counters.py, N = 1 then N = 2      -> $OUT/counters.log
 #   fuzz      benchmarks/fuzz.py ${FUZZ_ARGS:---device cuda --calls 10000}  -> $OUT/fuzz.log
-#   sharded   several GPUs: their tests, bench_sharded_jax and bench_torch_ranks -> $OUT/sharded_*
+#   sharded   several GPUs: their tests, bench_sharded_jax, bench_jax_processes (one process per GPU,
+#             jax.distributed) and bench_torch_ranks -> $OUT/sharded_*
 #   chain     the production chain side by side (.chain/run.sh ${CHAIN_ARGS:---mtp}; carry .chain,
 #             a copy of ../shared/chain)                          -> $OUT/chain.log
 #   prefill   benchmarks/bench_prefill.py, then the chain's prefill table if .chain is carried
@@ -22,9 +26,11 @@
 # The device image has python3 3.12, torch (CUDA), JAX, nvcc at /usr/local/cuda and ninja, but not
 # apache-tvm-ffi / jax-tvm-ffi: those travel as cp312 wheels in .whl/ (name .whl in the call's
 # carry). A failing step does not stop the next one; the exit code is non-zero if any failed.
-# Knobs (environment): BENCH_ARGS (extra bench_gpu.py options, e.g. "--workloads W1,W5"),
+# Knobs (environment): BENCH_ARGS (extra bench_gpu.py options, e.g. "--workloads W1,W5"), OPTIONS_ARGS
+# (extra options of the options step),
 # QUERIES_ARGS (extra bench_queries.py options), PREFILL_ARGS (extra bench_prefill.py options),
-# COUNTERS_WORKLOADS (default W1,W2,W3,W4,W5,W6),
+# COUNTERS_WORKLOADS (default W1,W2,W3,W4,W5,W6), JAX_PROCESSES (process counts of bench_jax_processes,
+# default 1,2) and JAX_PROCESSES_ARGS (its extra options),
 # PYTEST_ARGS (default "-q -x tests"), SANITIZE_TOOLS (default "memcheck racecheck synccheck initcheck"),
 # SANITIZE_TIMEOUT (seconds per tool, default 150), FFI_DSA_CACHE_DIR (default /tmp/ffi_dsa_cache).
 set -u
@@ -174,6 +180,19 @@ step_bench() {
   return $rc
 }
 
+# Decode's options in one table: ids="positions" timed beside slots on W1..W6 (W5 is the one-kernel
+# path, the others the two-kernel path) and the wide tables W1w/W3w/W5w with (W*wh) and without
+# max_seq_len against the same rows in narrow tables; the summary lines give the ratios.
+step_options() {
+  set -o pipefail
+  # shellcheck disable=SC2086
+  python3 benchmarks/bench_gpu.py --workloads serving,wide --ids slots,positions --no-naive --no-peers \
+      --json "$OUT/options.json" ${OPTIONS_ARGS:-} 2>&1 | tee "$OUT/options.log"
+  local rc=$?
+  set +o pipefail
+  return $rc
+}
+
 step_queries() {
   set -o pipefail
   # shellcheck disable=SC2086
@@ -223,14 +242,16 @@ step_prefill() {
 }
 
 # Several GPUs (a multi-GPU kind): the tests that need 2 or more GPUs, then the data-parallel
-# tables of JAX (bench_sharded_jax, N = 1 and 2, and N = 1 with XLA's command buffers off) and of
-# torch with one process per GPU (bench_torch_ranks).
+# tables of JAX (bench_sharded_jax, N = 1 and 2, and N = 1 with XLA's command buffers off), of JAX
+# with one process per GPU under jax.distributed (bench_jax_processes, 1 and 2 processes, N = 1 and 2)
+# and of torch with one process per GPU (bench_torch_ranks).
 step_sharded() {
   local rc=0 gpus
   gpus=$(nvidia-smi -L | wc -l)
   echo "sharded: $gpus GPUs"
   set -o pipefail
-  python3 -m pytest -q -rs tests/test_sharded_jax.py tests/test_sharded_torch.py -k "gpu or rank" 2>&1 \
+  python3 -m pytest -q -rs tests/test_sharded_jax.py tests/test_sharded_torch.py tests/test_jax_processes.py \
+      -k "gpu or rank" 2>&1 \
       | tail -15 | tee "$OUT/sharded_tests.log" || rc=1
   python3 -m pytest -q -rs tests/test_cuda.py -k "two_gpus or second_gpu" 2>&1 | tail -5 | tee -a "$OUT/sharded_tests.log" \
       || rc=1
@@ -238,6 +259,10 @@ step_sharded() {
   for n in 1 2; do
     python3 benchmarks/bench_sharded_jax.py --platform gpu --queries $n \
         ${SHARDED_JAX_ARGS:-} --json "$OUT/sharded_jax_n$n.json" 2>&1 | grep -v Warning || rc=1
+  done
+  for n in 1 2; do
+    python3 benchmarks/bench_jax_processes.py --platform gpu --processes ${JAX_PROCESSES:-1,2} \
+        --queries $n ${JAX_PROCESSES_ARGS:-} --json "$OUT/sharded_jax_processes_n$n.json" 2>&1 || rc=1
   done
   XLA_FLAGS=--xla_gpu_enable_command_buffer= python3 benchmarks/bench_sharded_jax.py --platform gpu \
       --split-batch 0 --timeline ${SHARDED_JAX_ARGS:-} --json "$OUT/sharded_jax_n1_no_command_buffers.json" 2>&1 \
@@ -253,8 +278,8 @@ EXPANDED=()
 for s in "${STEPS[@]}"; do
   case "$s" in
     all) EXPANDED+=(build test sanitize bench) ;;
-    build|test|sanitize|bench|queries|counters|fuzz|chain|prefill|sharded) EXPANDED+=("$s") ;;
-    *) echo "usage: bash benchmarks/device_run.sh [build|test|sanitize|bench|queries|counters|fuzz|chain|prefill|sharded|all]..."
+    build|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded) EXPANDED+=("$s") ;;
+    *) echo "usage: bash benchmarks/device_run.sh [build|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded|all]..."
        exit 2 ;;
   esac
 done

@@ -5,7 +5,8 @@ per row (1 .. 4; N = 1 as a rank-3 or a rank-4 q), H (64 or 32 heads), row lengt
 K-1, K, K+1, 2047-2049, random, sometimes long), seq_lens [B] (causal offsets) or [B, N] (a length per
 query: near the row's, random, edge values, 0, negative or past the table), weights [B * N, H] or
 [B, N, H], the output [B * N, K] or [B, N, K], K (1, 17, 512, 1000, 2047, 2048 or random), the order
-(position or score), a block table sometimes far wider than the rows with random page ids (valid or
+(position or score), the ids (global slots or positions in the row), a max_seq_len (none, 0, below the
+longest row, equal, above: never a different answer), a block table sometimes far wider than the rows with random page ids (valid or
 not) past each row's longest prefix, invalid page ids inside rows, NaN and infinite scales, NaN
 weights, and about half the calls use data whose scores are exact in any order of addition (small
 integers: exact ties and relu's 0.0 plateaus), where the output must equal the reference's choice
@@ -197,7 +198,17 @@ def draw_call(rng, pools):
     if rng.random() < 0.5:
         weights = weights.reshape(batch * queries, heads)
     out_shape = (batch * queries, topk) if rng.random() < 0.5 else (batch, queries, topk)
-    return pool, (q8, pool.k_cache, weights, seq_lens, table), topk, bool(rng.random() < 0.4), out_shape
+    sorted_ = bool(rng.random() < 0.4)
+    return pool, (q8, pool.k_cache, weights, seq_lens, table), topk, sorted_, out_shape, draw_options(rng, row_lens)
+
+
+def draw_options(rng, row_lens: np.ndarray) -> dict:
+    """ids (positions half the time) and a max_seq_len: none, 0, or below / at / above the longest row."""
+    longest = int(row_lens.max(initial=0))
+    r = rng.random()
+    bound = (None if r < 0.4 else 0 if r < 0.5 else int(rng.integers(1, longest + 1)) if r < 0.75 and longest
+             else longest if r < 0.85 else longest + int(rng.integers(1, 100_000)))
+    return {"ids": "positions" if rng.random() < 0.5 else "slots", "max_seq_len": bound}
 
 
 def reference_rows(pool: Pool, args) -> list[RowScores]:
@@ -239,12 +250,12 @@ class Runner:
             self.side = torch.cuda.Stream()
             self.caches = {}  # the pools' packed pages, copied to the device once
 
-    def run(self, args, out_shape, sorted_: bool) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, args, out_shape, sorted_: bool, options: dict) -> tuple[np.ndarray, np.ndarray]:
         if self.device == "cpu":
             outs = []
             for _ in range(2):
                 out = np.full(out_shape, self.SENTINEL, np.int32)
-                ffi_dsa.call(*args, out, sorted=sorted_)
+                ffi_dsa.call(*args, out, sorted=sorted_, **options)
                 outs.append(out)
             return outs[0], outs[1]
         torch = self.torch
@@ -255,10 +266,10 @@ class Runner:
         t[1] = self.caches[id(args[1])]
         first = torch.full(out_shape, self.SENTINEL, dtype=torch.int32, device="cuda")
         second = first.clone()
-        ffi_dsa.call(*t, first, sorted=sorted_)
+        ffi_dsa.call(*t, first, sorted=sorted_, **options)
         self.side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.side):
-            ffi_dsa.call(*t, second, sorted=sorted_)
+            ffi_dsa.call(*t, second, sorted=sorted_, **options)
         torch.cuda.synchronize()
         return first.cpu().numpy(), second.cpu().numpy()
 
@@ -268,7 +279,7 @@ _POOLS: tuple[Pool, Pool] | None = None  # set before the checking processes for
 
 def verdict(task) -> list[str]:
     """The problems of one call's outputs (runs in a checking process)."""
-    exact, args, topk, sorted_, got, again = task
+    exact, args, topk, sorted_, ids, got, again = task
     pool = _POOLS[exact]
     args = (args[0], pool.k_cache, *args[2:])  # the task left the shared cache out (35 MB to pickle)
     problems = []
@@ -278,12 +289,12 @@ def verdict(task) -> list[str]:
         problems.append("a repeated call gave other bytes")
     rows = reference_rows(pool, args)
     if pool.exact:
-        want = select_rows(rows, topk, sorted_)
+        want = select_rows(rows, topk, sorted_, ids=ids)
         bad = np.nonzero(np.any(got.reshape(want.shape) != want, axis=1))[0]
         if bad.size:
             problems.append(f"exact data: rows {bad[:5].tolist()} differ from the reference's choice")
     else:
-        problems += ffi_dsa.check_topk(got, *args, sorted=sorted_, rows=rows)
+        problems += ffi_dsa.check_topk(got, *args, sorted=sorted_, ids=ids, rows=rows)
     return problems
 
 
@@ -292,15 +303,15 @@ def calls_and_outputs(rng, runner: Runner, count: int, deadline: float):
     for i in range(count):
         if deadline and time.perf_counter() > deadline:
             return
-        pool, args, topk, sorted_, out_shape = draw_call(rng, _POOLS)
-        got, again = runner.run(args, out_shape, sorted_)
+        pool, args, topk, sorted_, out_shape, options = draw_call(rng, _POOLS)
+        got, again = runner.run(args, out_shape, sorted_, options)
         q8, _, weights, lens, table = args
         queries = q8.shape[1] if q8.ndim == 4 else 1
         seen = int(visible_lengths(lens, queries, table.shape[1]).sum())
         about = (f"call {i}: B={len(lens)} q={list(q8.shape[:-1])} weights={list(weights.shape)} "
-                 f"out={list(out_shape)} K={topk} sorted={sorted_} exact={pool.exact} width={table.shape[1]} "
+                 f"out={list(out_shape)} K={topk} sorted={sorted_} {options} exact={pool.exact} width={table.shape[1]} "
                  f"lens={lens[:8].tolist()}", seen)
-        yield about, (pool.exact, (args[0], None, *args[2:]), topk, sorted_, got, again)
+        yield about, (pool.exact, (args[0], None, *args[2:]), topk, sorted_, options["ids"], got, again)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -29,11 +29,12 @@ import torch
 
 import ffi_dsa  # noqa: E402
 from bench_gpu import Clock  # noqa: E402
-from ffi_dsa import _ffi_api  # noqa: E402
+from ffi_dsa import _ffi_api, decode  # noqa: E402
 from ffi_dsa.contract import DEFAULT_TOPK  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
 
 SHAPES = {"C2": [1500], "W1": [8192], "W3": [4096] * 16}
+DEFAULT_ATTRS = decode.OP.attrs({})  # the exported function's option attributes at their defaults
 
 
 def host_us(fn, calls: int, sync, sync_every: int = 40) -> float:
@@ -66,12 +67,12 @@ def main() -> int:
     # sliced once, outside the timed call: a torch slice costs as much as the call
     empty = [t[:0] for t in make_batch([64], seed=1).to_torch(a.device)]
     out0 = torch.empty((0, DEFAULT_TOPK), dtype=torch.int32, device=a.device)
-    probes["exported fn, B=0 (call + DLPack + checks)"] = lambda: fn(*empty, out0, False)
+    probes["exported fn, B=0 (call + DLPack + checks)"] = lambda: fn(*empty, out0, *DEFAULT_ATTRS)
     # the shapes only on CUDA: on the CPU the computation swamps the rest
     for name, lens in SHAPES.items() if cuda else ():
         args = make_batch(lens, seed=1).to_torch(a.device)
         out = torch.empty((len(lens), DEFAULT_TOPK), dtype=torch.int32, device=a.device)
-        probes[f"exported fn, {name}"] = lambda args=args, out=out: fn(*args, out, False)
+        probes[f"exported fn, {name}"] = lambda args=args, out=out: fn(*args, out, *DEFAULT_ATTRS)
         probes[f"ffi_dsa.call, {name}"] = lambda args=args, out=out: ffi_dsa.call(*args, out)
 
     where = torch.cuda.get_device_name(0) if cuda else "CPU"

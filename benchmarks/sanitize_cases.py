@@ -8,7 +8,9 @@ Cases: lengths 0, 1, 2047, 2048, 2049 (around K), a long row (~20K tokens: many 
 a 128K row (a 16-CTA select cluster), every score equal (the radix select over a cluster), invalid
 page ids (negative and >= num_pages) inside the used range, a negative and a too-long seq_len,
 sorted=True, rows of at most K tokens only (the one-kernel path), several queries per row (N = 2, 4;
-causal and per-query seq_lens; both paths) and 32 heads, and B=0. Each output is poisoned first and checked with ffi_dsa.check_topk.
+causal and per-query seq_lens; both paths) and 32 heads, B=0, and the options: ids="positions" on
+both paths, and a max_seq_len far below a 128K row on a table 2560 pages wide (the select planned
+for short rows reading a long one). Each output is poisoned first and checked with ffi_dsa.check_topk.
 Run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that memcheck sees exact allocation bounds.
 Exit code 1 when a check fails.
 """
@@ -79,6 +81,21 @@ def cases():
     yield "B=0", make_batch(np.zeros(0, np.int32), seed=15), False
 
 
+def option_cases():
+    """(name, batch, sorted, options) of calls with decode's options on the paths above."""
+    positions = {"ids": "positions"}
+    yield "positions, lengths 0,1,2047,2048,2049", make_batch([0, 1, 2047, 2048, 2049], seed=11), False, positions
+    wide = make_batch([131072, 8192, 3000, 0], seed=26, max_pages=2560)
+    wide.block_table[1, 7] = -3
+    yield "positions, 128K row, max_seq_len 8192, 2560 pages", wide, False, {**positions, "max_seq_len": 8192}
+    yield "slots, 128K row, max_seq_len 8192, sorted", wide, True, {"max_seq_len": 8192}
+    lens = np.random.default_rng(27).integers(0, 8193, size=132)  # the one-kernel path
+    lens[:3] = [0, 2049, 8192]
+    yield "positions, 132 rows <= 8K (one kernel), sorted", make_batch(lens, seed=27), True, positions
+    yield "positions, N=2, two kernels, max_seq_len below", make_batch([9000, 2050, 1], seed=28, queries=2), False, \
+        {**positions, "max_seq_len": 4096}
+
+
 def prefill_cases():
     """(name, batch, topk, sorted) of prefill calls: ragged requests, a long row whose candidates are
     cut, a remainder block (M % 4 != 0), 32 heads, empty and clamped rows."""
@@ -120,7 +137,7 @@ def main(argv=None) -> int:
     a = parser.parse_args(argv)
 
     failed = 0
-    for name, batch, sorted_ in cases():
+    for name, batch, sorted_, options in [(*case, {}) for case in cases()] + list(option_cases()):
         start = time.perf_counter()
         rows = len(batch.seq_lens)
         if a.device == "cuda":
@@ -128,13 +145,14 @@ def main(argv=None) -> int:
 
             args = batch.to_torch("cuda")
             out = torch.full(batch.output_shape(TOPK), -7, dtype=torch.int32, device="cuda")
-            ffi_dsa.call(*args, out, sorted=sorted_)
+            ffi_dsa.call(*args, out, sorted=sorted_, **options)
             torch.cuda.synchronize()
         else:
             args = batch.args()
             out = np.full(batch.output_shape(TOPK), -7, dtype=np.int32)
-            ffi_dsa.call(*args, out, sorted=sorted_)
-        problems = ffi_dsa.check_topk(out, *batch.args(), sorted=sorted_) if rows else []
+            ffi_dsa.call(*args, out, sorted=sorted_, **options)
+        ids = options.get("ids", "slots")
+        problems = ffi_dsa.check_topk(out, *batch.args(), sorted=sorted_, ids=ids) if rows else []
         failed += report(name, problems, start)
     for name, batch, topk, sorted_ in prefill_cases():
         start = time.perf_counter()

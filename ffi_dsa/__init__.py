@@ -4,8 +4,9 @@ Decode: for each row b, score every cached token t with 64 (or 32) FP8 index hea
 
     score[t] = sum_h weights[b, h] * relu(sum_d q[b, h, d] * k[t, d] * scale[t])
 
-and return the global ids (page * 64 + slot) of the K best tokens, -1 padded (N query tokens per
-row, q [B, N, H, 128], each get their own top-K). Prefill: the same over a chunk of query rows and a
+and return the ids of the K best tokens, -1 padded: their global slots (page * 64 + slot) or, with
+ids="positions", their positions in the row (N query tokens per row, q [B, N, H, 128], each get
+their own top-K). Prefill: the same over a chunk of query rows and a
 contiguous key buffer (ragged, causal). The contract (layouts, ties, NaN, bad input, precision,
 entry points) is docs/contract.md of the repository; an installed package carries it as
 ffi_dsa/docs/contract.md.

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 Tensor = Any
 DType = Any  # a tvm_ffi.dtype
 
-_DECODE = "Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool], None]"
+_DECODE = "Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool, int], None]"
 _PREFILL = "Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]"
 _CHECK_SHAPES = "Callable[[Array[Array[int]], Array[dtype]], None]"
 
@@ -26,13 +26,15 @@ class CpuFunctions(NamedTuple):
     attributes), and its checks on the shapes and dtypes of those arguments alone (for JAX's trace
     time); then the module's own functions."""
 
-    # decode: (q, k_cache, weights, seq_lens, block_table, topk_indices, sorted)
-    topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool], None]
+    # decode: (q, k_cache, weights, seq_lens, block_table, topk_indices, sorted, positions, max_seq_len)
+    topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool, int], None]
     topk_indexer_check_shapes: Callable[[Sequence[Sequence[int]], Sequence[DType]], None]
     # prefill: (q, k, k_scale, weights, ks, ke, topk_indices, sorted, absolute_ids)
     prefill_topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]
     prefill_topk_indexer_check_shapes: Callable[[Sequence[Sequence[int]], Sequence[DType]], None]
     contract_constants: Callable[[], Mapping[str, int]]
+    # op -> its `ids` values, the default first
+    contract_ids: Callable[[], Mapping[str, Sequence[str]]]
     # the CUDA archs the sources hold kernels for ("sm_90a"), and (arch, query rows B * N,
     # max_pages) -> bytes of scratch a CUDA decode call takes there (cuda_archs.h)
     cuda_archs: Callable[[], Sequence[str]]
@@ -46,7 +48,7 @@ class CpuFunctions(NamedTuple):
 class CudaFunctions(NamedTuple):
     """cuda/csrc/cuda_binding.cc (the ops, arch-neutral) and cuda/csrc/sm_90a/options.cc."""
 
-    topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool], None]
+    topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool, int], None]
     prefill_topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]
     # (fused, pdl, max_select_cluster), -1 = unchanged -> the previous settings (launch/tuning.h)
     set_cuda_options: Callable[[int, int, int], Mapping[str, int]]
@@ -60,6 +62,7 @@ SCHEMAS = {
         "prefill_topk_indexer": _PREFILL,
         "prefill_topk_indexer_check_shapes": _CHECK_SHAPES,
         "contract_constants": "Callable[[], Map[str, int]]",
+        "contract_ids": "Callable[[], Map[str, Array[str]]]",
         "cuda_archs": "Callable[[], Array[str]]",
         "workspace_bytes": "Callable[[str, int, int], int]",
         "set_cpu_kernel": "Callable[[str], str]",

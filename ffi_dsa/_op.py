@@ -4,8 +4,9 @@ the framework entry points (``torch_ops``, ``jax_ops``, ``tvm_relax``) are built
 descriptions, so a third op is one more description and its native functions.
 
 On every layer an op is one DPS function: its tensor inputs, then the output it writes, then its
-scalar attributes (``sorted``, ``absolute_ids``): the native export of that name in each module
-(cuda/csrc/cpu_binding.cc, cuda/csrc/cuda_binding.cc), the XLA FFI target, the TVM global.
+scalar attributes (``sorted``, ``positions``, ``max_seq_len``, ``absolute_ids``): the native export of
+that name in each module (cuda/csrc/cpu_binding.cc, cuda/csrc/cuda_binding.cc), the XLA FFI target,
+the TVM global.
 """
 
 from __future__ import annotations
@@ -22,15 +23,39 @@ from .contract import MAX_TOPK
 class Option:
     """A keyword option of an op and the native attribute it becomes."""
 
-    name: str                      # as the caller writes it: "sorted", "ids"
-    default: Any
-    choices: tuple                 # every value it takes (a TVM global is registered for each)
-    attr: str                      # the native attribute (a bool): "sorted", "absolute_ids"
-    to_attr: Callable[[Any], bool]  # value -> attribute, or ValueError naming the option
+    name: str                      # as the caller writes it: "sorted", "ids", "max_seq_len"
+    default: Any                   # a bool, a str, or None (an optional int)
+    # every value it takes (a TVM global is registered for each); None: any int, a run-time value
+    # (a TVM program passes it as an argument)
+    choices: tuple | None
+    attr: str                      # the native attribute (a bool or an int64): "sorted", "positions"
+    to_attr: Callable[[Any], bool | int]  # value -> attribute, or ValueError naming the option
 
     @property
     def torch_type(self) -> str:
-        return "bool" if isinstance(self.default, bool) else "str"
+        if isinstance(self.default, bool):
+            return "bool"
+        # an optional int: SymInt, so that torch.compile traces it symbolically (int would be
+        # specialized: a recompile for every value)
+        return "str" if isinstance(self.default, str) else "SymInt?"
+
+
+def choice_attr(option: str, choices: tuple, meaning: tuple):
+    """`to_attr` of a two-valued str option whose native attribute is a bool: `choices[0]` (the
+    default) is False, `choices[1]` True; any other value is a ValueError naming the option and
+    saying what each value means (`meaning`, one phrase per choice)."""
+    off, on = choices
+    expected = " or ".join(f"{c!r} ({m})" for c, m in zip(choices, meaning))
+
+    def to_attr(value) -> bool:
+        if isinstance(value, str):
+            if value == off:
+                return False
+            if value == on:
+                return True
+        raise ValueError(f"{option} must be {expected}, got {value!r}")
+
+    return to_attr
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: one object per op

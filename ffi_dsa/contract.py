@@ -20,5 +20,10 @@ PAGE_BYTES: int = _CONSTANTS["page_bytes"]          # ... then its PAGE_TOKENS f
 MAX_TOPK: int = _CONSTANTS["max_topk"]              # the largest K (output width) any path accepts
 DEFAULT_TOPK: int = MAX_TOPK                        # the K of the reference op (DeepSeek's 2048)
 
+# Each op's `ids` values, the default first (contract.h: kDecodeIds, kPrefillIds).
+_IDS = {str(op): tuple(str(name) for name in names) for op, names in cpu().contract_ids().items()}
+DECODE_IDS: tuple[str, ...] = _IDS["topk_indexer"]           # ("slots", "positions")
+PREFILL_IDS: tuple[str, ...] = _IDS["prefill_topk_indexer"]  # ("relative", "absolute")
+
 __all__ = ["NUM_HEADS", "NUM_HEADS_NARROW", "SUPPORTED_HEADS", "MAX_QUERIES", "HEAD_DIM", "PAGE_TOKENS", "TOKEN_BYTES", "PAGE_FP8_BYTES", "PAGE_BYTES", "MAX_TOPK",
-           "DEFAULT_TOPK"]
+           "DEFAULT_TOPK", "DECODE_IDS", "PREFILL_IDS"]

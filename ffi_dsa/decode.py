@@ -2,8 +2,9 @@
 host-side validation of page ids and lengths, as one instance of the op pattern (_op.py).
 
 For each query row, score every cached token of its sequence with 64 (or 32) FP8 index heads and
-return the global ids (page * 64 + slot) of the K best, -1 padded. With N query tokens per row
-(q ``[B, N, H, 128]``) each query scores the prefix of its row it sees and gets its own top-K.
+return the ids of the K best, -1 padded: their global slots (page * 64 + slot, ``ids="slots"``) or
+their positions t in the row (``ids="positions"``). With N query tokens per row (q ``[B, N, H, 128]``)
+each query scores the prefix of its row it sees and gets its own top-K.
 """
 
 from __future__ import annotations
@@ -11,7 +12,28 @@ from __future__ import annotations
 import numpy as np
 
 from . import _arrays, _op
-from .contract import DEFAULT_TOPK, PAGE_TOKENS
+from .contract import DECODE_IDS, DEFAULT_TOPK, PAGE_TOKENS
+
+# What an output id is: a token's global slot, or its position in its row (contract.h).
+IDS = DECODE_IDS
+# the ``ids`` option -> the native flag positions, or ValueError naming it
+positions = _op.choice_attr("ids", IDS, ("page * 64 + slot", "the token's position t in its row"))
+# Above every int32 length: a larger bound says nothing more (and stays an int64 on every path).
+_UNBOUNDED = 2**31 - 1
+
+
+def max_seq_len_attr(max_seq_len) -> int:
+    """The native attribute of ``max_seq_len`` (the caller's bound on the batch's longest row, a
+    host int): 0 for None or 0 (unknown), else the int itself, capped at 2**31 - 1; ValueError
+    naming it for anything else. Only the CUDA path plans with it, and a bound below a row's real
+    length never changes the answer (only the speed), so no device data is read to check it."""
+    if max_seq_len is None:
+        return 0
+    # a host int only: no bool, no tensor (reading a device scalar would sync with the device)
+    if isinstance(max_seq_len, (int, np.integer)) and not isinstance(max_seq_len, bool) and max_seq_len >= 0:
+        return min(int(max_seq_len), _UNBOUNDED)
+    raise ValueError(f"max_seq_len must be None or an int >= 0 (a host-side bound on the batch's longest row; "
+                     f"None and 0: unknown), got {max_seq_len!r}")
 
 
 def output_shape(q_shape, topk) -> tuple:
@@ -45,7 +67,9 @@ OP = _op.Op(
     fp8_args=frozenset({0}),
     row_args=(0, 2, 3, 4),
     length_args=(3,),
-    options=(_op.Option("sorted", False, (False, True), "sorted", bool),),
+    options=(_op.Option("sorted", False, (False, True), "sorted", bool),
+             _op.Option("ids", IDS[0], IDS, "positions", positions),
+             _op.Option("max_seq_len", None, None, "max_seq_len", max_seq_len_attr)),
     output_shape=output_shape,
     validate=_validate_inputs,
     workspace_rows=_workspace_rows,
@@ -53,7 +77,7 @@ OP = _op.Op(
 
 
 def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool = False,
-         validate: bool = False) -> None:
+         validate: bool = False, *, ids: str = "slots", max_seq_len: int | None = None) -> None:
     """Destination-passing style: write the top-K token ids of each query row into `topk_indices`,
     as docs/contract.md defines them.
 
@@ -62,20 +86,29 @@ def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool 
     tokens per row, ``[B, N, H, 128]`` (H is 64 or 32); weights ``[B * N, H]`` or ``[B, N, H]``;
     seq_lens ``[B]`` or ``[B, N]``; topk_indices ``[B * N, K]`` or ``[B, N, K]``. K is the last
     dimension of ``topk_indices``. ``sorted=True`` orders each row by descending score instead of
-    ascending position. Mistakes (dtype, shape, device, no tensor at all) raise TypeError/ValueError
-    naming the argument before anything is written. ``validate=True`` also checks page ids and
-    lengths on the host (a device-to-host copy for CUDA inputs) and raises instead of masking them.
+    ascending position. ``ids="slots"`` (the default) writes each token's global slot
+    ``block_table[b, t // 64] * 64 + t % 64``; ``ids="positions"`` its position t in the row (the same
+    selection, ties and order). ``max_seq_len``: a host int bounding the batch's longest row (vLLM's
+    ``attn_metadata.max_seq_len``); None or 0 is unknown. The CUDA path plans its work for it instead
+    of the block table's width (the CPU path has nothing to plan); a bound below a row's real length
+    never changes the answer, only the speed. Mistakes (dtype, shape, device, no tensor at all, an
+    option's value) raise TypeError/ValueError naming the argument before anything is written.
+    ``validate=True`` also checks page ids and lengths on the host (a device-to-host copy for CUDA
+    inputs) and raises instead of masking them.
     """
-    _op.call(OP, (q, k_cache, weights, seq_lens, block_table, topk_indices), (bool(sorted),), validate)
+    _op.call(OP, (q, k_cache, weights, seq_lens, block_table, topk_indices),
+             (bool(sorted), positions(ids), max_seq_len_attr(max_seq_len)), validate)
 
 
 def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False,
-                 validate: bool = False):
+                 validate: bool = False, *, ids: str = "slots", max_seq_len: int | None = None):
     """Allocating form of :func:`call`: int32 ``[B, topk]`` in q's framework (torch, numpy, JAX)
     and on its device, or ``[B, N, topk]`` for a rank-4 q ``[B, N, H, 128]``. On JAX arrays it is
-    an XLA FFI call (ffi_dsa.jax_ops) that works under ``jax.jit`` (``topk`` and ``sorted`` static),
+    an XLA FFI call (ffi_dsa.jax_ops) that works under ``jax.jit`` (``topk``, ``sorted``, ``ids`` and
+    ``max_seq_len`` static: each value of the bound compiles once, so round it up to a few buckets),
     ``jax.vmap`` and ``jax.shard_map``."""
-    inputs, options = (q, k_cache, weights, seq_lens, block_table), {"sorted": sorted}
+    inputs = (q, k_cache, weights, seq_lens, block_table)
+    options = {"sorted": sorted, "ids": ids, "max_seq_len": max_seq_len}
     if _arrays.framework(q) == "jax":
         from . import jax_ops
 
@@ -126,4 +159,4 @@ def _check_lengths(lens: np.ndarray, max_pages: int) -> None:
             index = tuple(int(i) for i in where[0])
             raise ValueError(f"{_entry_name(index[0], index[1:])} = {int(lens[index])} {what}")
 
-__all__ = ["call", "topk_indexer", "validate_pages", "output_shape", "OP"]
+__all__ = ["call", "topk_indexer", "validate_pages", "output_shape", "OP", "IDS"]

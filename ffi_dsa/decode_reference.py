@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 
 from ._arrays import to_numpy
-from .decode import output_shape
+from .decode import output_shape, positions
 from .contract import DEFAULT_TOPK, PAGE_TOKENS
 from .kv_cache import unpack_k_cache
 
@@ -102,29 +102,36 @@ def rank_order(row: RowScores) -> np.ndarray:
     return np.lexsort((row.positions, -np.where(nan, -np.inf, s), nan))
 
 
-def reference(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False) -> np.ndarray:
+def reference(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False, *,
+              ids: str = "slots") -> np.ndarray:
     """The exact answer under float64 scores, as int32 ``[B, topk]`` (numpy), or ``[B, N, topk]``
-    for a rank-4 q."""
-    out = select_rows(reference_scores(q, k_cache, weights, seq_lens, block_table, magnitude=False), topk, sorted)
-    return out.reshape(output_shape(q.shape, topk))
+    for a rank-4 q; ``ids`` as in ffi_dsa.call (global slots, or positions in the row)."""
+    rows = reference_scores(q, k_cache, weights, seq_lens, block_table, magnitude=False)
+    return select_rows(rows, topk, sorted, ids=ids).reshape(output_shape(q.shape, topk))
 
 
-def select_rows(rows: list[RowScores], topk: int, sorted: bool = False) -> np.ndarray:
+def ids_of(row: RowScores, ids: str = "slots") -> np.ndarray:
+    """The row's candidates' ids of the kind `ids` names: their global slots or their positions."""
+    return row.positions if positions(ids) else row.ids
+
+
+def select_rows(rows: list[RowScores], topk: int, sorted: bool = False, *, ids: str = "slots") -> np.ndarray:
     """The exact top-K ids of each row's candidates, int32 ``[len(rows), topk]`` with the -1 tail."""
     out = np.full((len(rows), topk), -1, dtype=np.int32)
     for b, row in enumerate(rows):
         best = rank_order(row)[:topk]
         if not sorted:
             best = np.sort(best)  # candidates are stored by ascending position
-        out[b, : len(best)] = row.ids[best]
+        out[b, : len(best)] = ids_of(row, ids)[best]
     return out
 
 
-def check_topk(indices, q, k_cache, weights, seq_lens, block_table, *, sorted: bool = False,
+def check_topk(indices, q, k_cache, weights, seq_lens, block_table, *, sorted: bool = False, ids: str = "slots",
                rows: list[RowScores] | None = None, tolerance: float = TOLERANCE,
                magnitude_tolerance: float = MAGNITUDE_TOLERANCE) -> list[str]:
     """Problems found in `indices` under the tolerance rule; an empty list means correct.
-    `indices` is ``[B, K]``, or ``[B, N, K]`` / ``[B * N, K]`` for a rank-4 q: one row per query row.
+    `indices` is ``[B, K]``, or ``[B, N, K]`` / ``[B * N, K]`` for a rank-4 q: one row per query row;
+    its ids are global slots, or with ``ids="positions"`` positions in the row.
 
     A row is correct when: the count of -1 is exact and they form the tail; every id belongs to
     the row and appears once; the smallest chosen score is no smaller than the K-th largest
@@ -133,6 +140,7 @@ def check_topk(indices, q, k_cache, weights, seq_lens, block_table, *, sorted: b
     numbers exist; and the valid prefix is ordered (ascending position, or descending score
     within the tolerance when ``sorted``).
     """
+    positions(ids)  # a bad value: ValueError naming ids
     out = to_numpy(indices).astype(np.int64)
     out = out.reshape(-1, out.shape[-1]) if out.ndim else out
     rows = rows if rows is not None else reference_scores(q, k_cache, weights, seq_lens, block_table)
@@ -151,7 +159,7 @@ def check_topk(indices, q, k_cache, weights, seq_lens, block_table, *, sorted: b
         if len(np.unique(valid)) != expected_count:
             problems.append(f"row {b}: duplicate ids in the selection")
             continue
-        lookup = {int(i): k for k, i in enumerate(row.ids)}  # a page listed twice: last wins, same id
+        lookup = {int(i): k for k, i in enumerate(ids_of(row, ids))}  # slots of a page listed twice: last wins
         missing = [int(i) for i in valid if int(i) not in lookup]
         if missing:
             problems.append(f"row {b}: ids not in the row (or on an invalid page): {missing[:5]}")

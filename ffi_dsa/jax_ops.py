@@ -1,14 +1,15 @@
 """JAX: each op of the package as an XLA FFI custom call, usable under ``jax.jit``, ``jax.vmap`` and
 ``jax.shard_map``. The allocating entry points come here for JAX arrays:
 
-    idx = jax.jit(ffi_dsa.topk_indexer, static_argnames=("topk", "sorted"))(q, k_cache, weights, seq_lens,
-                                                                            block_table)
+    idx = jax.jit(ffi_dsa.topk_indexer, static_argnames=("topk", "sorted", "ids", "max_seq_len"))(
+        q, k_cache, weights, seq_lens, block_table)
     idx = jax.jit(ffi_dsa.prefill_topk_indexer, static_argnames=("topk", "sorted", "ids"))(q, k, k_scale,
                                                                                            weights, ks, ke)
 
 Each op's
 exported DPS function is registered with ``jax_tvm_ffi.register_ffi_target`` as the XLA FFI target
-``ffi_dsa_<op>`` (arg spec ``args, rets, attrs.<attribute>...``): the CPU target on first use, the
+``ffi_dsa_<op>`` (arg spec ``args, rets, attrs.<attribute>...``; the options are XLA attributes, so
+static: decode's ``max_seq_len`` compiles once per value): the CPU target on first use, the
 GPU target only when a call is made for the GPU (building the CUDA module needs nvcc). On the GPU,
 tvm-ffi hands the kernel XLA's stream. fp8 arrays (``jnp.float8_e4m3fn``) go in directly;
 uint8/int8 views are accepted too.
@@ -216,6 +217,10 @@ def call(op: Op, inputs, topk, options: dict, validate: bool = False):
     """`op`'s output as a JAX array (the allocating entry points' JAX route): the trace-time checks,
     the targets registered, the call. `validate` runs the op's host checks on concrete arrays (under
     jit there is nothing on the host to look at)."""
+    for option in op.options:
+        if isinstance(options.get(option.name), jax.core.Tracer):
+            raise TypeError(f"{option.name} must be a static Python value (mark it static in jax.jit: "
+                            f"static_argnames={('topk', *(o.name for o in op.options))!r})")
     attrs = op.attrs(options)
     if validate:
         op.validate(*inputs)

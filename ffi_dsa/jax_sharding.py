@@ -14,7 +14,8 @@ one local call per device on its own rows, with the whole (replicated) cache:
   With the cache sharded by pages too (``in_specs`` ``P(axis)`` for it), each device's block table
   holds page ids into its own shard and the ids returned are local ones (``local page * 64 + slot``),
   which is what a sparse-attention kernel reading that device's pool wants; ``global_ids`` turns
-  them into ids of the concatenated pool.
+  them into ids of the concatenated pool. (With ``ids="positions"`` the ids are positions in each
+  row, the same whatever pool holds its pages.)
 * B not divisible by the device count: JAX refuses such a sharding at the jit boundary, so either
   the rows are padded up front (``pad_rows``: extra rows of length 0, whose output rows are all -1,
   sliced off afterwards; the way in for jit arguments and for shard_map), or a batch sharding
@@ -152,7 +153,7 @@ def pad_rows(q, weights, seq_lens, block_table, multiple: int):
 
 def global_ids(local_ids, pages_per_shard: int, axis):
     """Inside ``shard_map`` with the cache sharded by pages over ``axis``: local token ids
-    (``local page * 64 + slot``) -> ids into the concatenated pool; -1 stays -1."""
+    (``local page * 64 + slot``, ``ids="slots"``) -> ids into the concatenated pool; -1 stays -1."""
     offset = jax.lax.axis_index(axis) * (pages_per_shard * PAGE_TOKENS)
     return jnp.where(local_ids >= 0, local_ids + offset.astype(local_ids.dtype), local_ids)
 

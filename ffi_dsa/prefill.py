@@ -12,17 +12,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import _arrays, _op
-from .contract import DEFAULT_TOPK
+from .contract import DEFAULT_TOPK, PREFILL_IDS
 
-# What an output id counts from: the row's (clamped) start ks[i], or k's first row.
-IDS = ("relative", "absolute")
-
-
-def absolute_ids(ids) -> bool:
-    """The native flag for the ``ids`` option, or ValueError naming it."""
-    if ids not in IDS:
-        raise ValueError(f"ids must be 'relative' (j - ks[i]) or 'absolute' (j, a row of k), got {ids!r}")
-    return ids == "absolute"
+# What an output id counts from: the row's (clamped) start ks[i], or k's first row (contract.h).
+IDS = PREFILL_IDS
+# the ``ids`` option -> the native flag absolute_ids, or ValueError naming it
+absolute_ids = _op.choice_attr("ids", IDS, ("j - ks[i]", "j, a row of k"))
 
 
 def output_shape(q_shape, topk) -> tuple:

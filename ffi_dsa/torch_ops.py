@@ -2,8 +2,10 @@
 (``import ffi_dsa.torch_ops``). Each op of the package (decode.OP, prefill.OP) gets a functional op
 and a destination-passing ``_out`` op that mutates its output:
 
-    torch.ops.dsa.topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=2048, sorted=False) -> Tensor
-    torch.ops.dsa.topk_indexer_out(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted=False) -> ()
+    torch.ops.dsa.topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=2048, sorted=False,
+                               ids="slots", max_seq_len=None) -> Tensor
+    torch.ops.dsa.topk_indexer_out(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted=False,
+                                   ids="slots", max_seq_len=None) -> ()
     torch.ops.dsa.prefill_topk_indexer(q, k, k_scale, weights, ks, ke, topk=2048, sorted=False,
                                        ids="relative") -> Tensor
     torch.ops.dsa.prefill_topk_indexer_out(q, k, k_scale, weights, ks, ke, topk_indices, sorted=False,
@@ -11,7 +13,9 @@ and a destination-passing ``_out`` op that mutates its output:
 
 A functional op returns the op's output shape (decode ``[B, topk]``, or ``[B, N, topk]`` for q
 ``[B, N, H, 128]``; prefill ``[M, topk]``) on q's device; an out op takes every output form its
-contract allows.
+contract allows. Decode's ``max_seq_len`` (``SymInt?``) is a host int, the same on each replay of a
+graph that captured it; under ``torch.compile`` a value that changes between calls becomes a
+symbolic int, checked when the kernel runs.
 
 Every op has a fake (meta) kernel, so it traces under ``torch.compile(fullgraph=True)`` (also with
 ``dynamic=True``), passes ``torch.library.opcheck``, and runs inside ``torch.cuda.CUDAGraph`` capture:
@@ -71,6 +75,14 @@ def _attrs_from_values(op: Op):
     return lambda values: [to_attr(v) for to_attr, v in zip(to_attrs, values)]
 
 
+def _check_options(op: Op, values) -> None:
+    """Each option value is one its option takes (ValueError naming it), except a symbolic int: the
+    traced value of an int option, which the real kernel checks when it runs."""
+    for option, value in zip(op.options, values):
+        if not isinstance(value, torch.SymInt):
+            option.to_attr(value)
+
+
 # ---- real kernels (CPU and CUDA dispatch keys) ------------------------------------------------
 # On the eager hot path: kept flat (every Python call here adds to each eager call's host time).
 
@@ -126,13 +138,12 @@ def same_device(tensors, names) -> None:
 def fake_kernels(op: Op):
     """(functional, out) fake kernels of `op`: the output's shape, and the checks that need no data."""
     n = len(op.inputs)
-    option_names = [o.name for o in op.options]
     fill, fill_out = _with_defaults(op, n), _with_defaults(op, n + 1)
 
     def functional(*args):
         args = fill(args)
         inputs, topk = args[:n], args[n]
-        op.attrs(dict(zip(option_names, args[n + 1:])))
+        _check_options(op, args[n + 1:])
         if isinstance(topk, int):
             checked_topk(topk)
         same_device(inputs, op.arg_names)
@@ -140,7 +151,7 @@ def fake_kernels(op: Op):
 
     def out_variant(*args):
         args = fill_out(args)
-        op.attrs(dict(zip(option_names, args[n + 1:])))
+        _check_options(op, args[n + 1:])
         same_device(args[:n + 1], op.arg_names)
 
     return functional, out_variant

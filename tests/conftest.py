@@ -114,15 +114,16 @@ def assert_all_written(out) -> None:
     assert unwritten.size == 0, f"{len(unwritten)} output elements were never written, first at {unwritten[:3].tolist()}"
 
 
-def run_dps(args, topk=DEFAULT_K, *, sorted=False, validate=False) -> np.ndarray:
+def run_dps(args, topk=DEFAULT_K, *, sorted=False, validate=False, **options) -> np.ndarray:
     """``ffi_dsa.call`` into a poisoned torch buffer on the arguments' device; returns host int32
-    (``[B, K]``, or ``[B, N, K]`` for a rank-4 q).
+    (``[B, K]``, or ``[B, N, K]`` for a rank-4 q). `options`: the call's others (``ids``,
+    ``max_seq_len``).
 
     Checks that every element of the output was written.
     """
     q = args[0]
     out = poisoned(output_shape(tuple(q.shape), topk), q.device)
-    ffi_dsa.call(*args, out, sorted=sorted, validate=validate)
+    ffi_dsa.call(*args, out, sorted=sorted, validate=validate, **options)
     assert_all_written(out)
     return out.cpu().numpy()
 
@@ -158,48 +159,55 @@ def assert_valid_topk(out, batch_or_args, *, sorted=False):
     assert problems == [], "\n".join(problems[:10])
 
 
-def call_result(batch: Batch, topk=DEFAULT_K, *, sorted=False, device="cpu", shape=None) -> np.ndarray:
+def call_result(batch: Batch, topk=DEFAULT_K, *, sorted=False, device="cpu", shape=None, **options) -> np.ndarray:
     """``ffi_dsa.call`` on the batch's inputs on `device` ("cpu": numpy, "cuda": torch tensors), into a
     poisoned buffer of `shape` (default ``batch.output_shape``; ``[B * N, K]`` is the other accepted
     form), checked to be fully written: the bytes every other caller (torch op, JAX, TVM) must
     reproduce on that device. Across devices the contract promises only the tolerance rule (FP8
-    tensor cores add differently)."""
+    tensor cores add differently). `options`: the call's others (``ids``, ``max_seq_len``)."""
     shape = batch.output_shape(topk) if shape is None else shape
     if device == "cpu":
         out = poisoned_np(shape)
-        ffi_dsa.call(*batch.args(), out, sorted=sorted)
+        ffi_dsa.call(*batch.args(), out, sorted=sorted, **options)
     else:
         out = poisoned(shape, device)
-        ffi_dsa.call(*batch.to_torch(device), out, sorted=sorted)
+        ffi_dsa.call(*batch.to_torch(device), out, sorted=sorted, **options)
         out = out.cpu().numpy()
     assert_all_written(out)
     return out
 
 
-def assert_same_as_call(got: np.ndarray, batch: Batch, topk=DEFAULT_K, *, sorted=False, device="cpu") -> None:
-    """A caller's host copy of its result on `device` equals ``call_result`` on the same device byte
-    for byte and is a valid top-K."""
+def assert_same_as_call(got: np.ndarray, batch: Batch, topk=DEFAULT_K, *, sorted=False, device="cpu",
+                        **options) -> None:
+    """A caller's host copy of its result on `device` equals ``call_result`` on the same device (with
+    the same `options`) byte for byte and is a valid top-K."""
     assert got.dtype == np.int32
-    np.testing.assert_array_equal(got, call_result(batch, topk, sorted=sorted, device=device))
-    assert ffi_dsa.check_topk(got, *batch.args(), sorted=sorted) == []
+    np.testing.assert_array_equal(got, call_result(batch, topk, sorted=sorted, device=device, **options))
+    assert ffi_dsa.check_topk(got, *batch.args(), sorted=sorted, ids=options.get("ids", "slots")) == []
 
 
-def assert_exact(out, batch: Batch, topk=DEFAULT_K, *, sorted=False, name=""):
+def assert_exact(out, batch: Batch, topk=DEFAULT_K, *, sorted=False, name="", ids="slots"):
     """Byte-exact agreement with the float64 reference (only meaningful on exact-score data), in the
     output shape of the batch's q; `out` may be numpy, torch (any device) or JAX; `name` prefixes
     the failure message."""
-    expected = ffi_dsa.reference(*batch.args(), topk=topk, sorted=sorted)
+    expected = ffi_dsa.reference(*batch.args(), topk=topk, sorted=sorted, ids=ids)
     out = out.cpu().numpy() if isinstance(out, torch.Tensor) else np.asarray(out)
     assert out.dtype == np.int32, f"{name}: dtype {out.dtype}"
     assert out.shape == expected.shape, f"{name}: shape {out.shape}, expected {expected.shape}"
-    if not np.array_equal(out, expected):
-        out, expected = out.reshape(-1, topk), expected.reshape(-1, topk)  # one row per query row
-        rows = np.nonzero((out != expected).any(axis=1))[0]
-        b = int(rows[0])
-        col = int(np.argmax(out[b] != expected[b]))
-        raise AssertionError(f"{name}: rows {rows.tolist()[:8]} differ from the reference; row {b} first differs at "
-                             f"column {col}: got {out[b, col:col + 6].tolist()}, "
-                             f"expected {expected[b, col:col + 6].tolist()}")
+    assert_rows_equal(out, expected, f"{name}: vs the reference")
+
+
+def assert_rows_equal(got, expected, what: str) -> None:
+    """Byte equality of two outputs, one row per query row (any output shape); the message names the
+    differing rows and shows the first difference."""
+    got, expected = (np.asarray(x) for x in (got, expected))
+    got, expected = got.reshape(-1, got.shape[-1]), expected.reshape(-1, expected.shape[-1])
+    bad = np.nonzero((got != expected).any(axis=1))[0]
+    if bad.size:
+        r = int(bad[0])
+        col = int(np.argmax(got[r] != expected[r]))
+        raise AssertionError(f"{what}: rows {bad.tolist()[:8]} differ; row {r} first differs at column {col}: got "
+                             f"{got[r, col:col + 6].tolist()}, expected {expected[r, col:col + 6].tolist()}")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ def main(path: str) -> None:
     for name in kernels:
         module["set_cpu_kernel"](name)
         out = np.full((ROWS, TOPK), -7, np.int32)
-        module["topk_indexer"](*args, out, False)
+        module["topk_indexer"](*args, out, False, False, 0)  # sorted, positions, max_seq_len
         outputs[name] = out.tolist()
     module["set_cpu_kernel"]("auto")
     print(json.dumps({"kernels": kernels, "auto": str(module["cpu_kernel"]()), "outputs": outputs}))

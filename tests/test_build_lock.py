@@ -43,6 +43,6 @@ def test_concurrent_first_builds_share_one_build_with_the_installed_bytes(tmp_pa
     jit = tvm_ffi.load_module(libs.pop())["topk_indexer"]
     batch = make_batch([3000, 0, 700, 64], seed=71)
     got, expected = poisoned_np((4, 256)), poisoned_np((4, 256))
-    jit(*batch.args(), got, False)  # numpy inputs; q is uint8 bytes of fp8
+    jit(*batch.args(), got, False, False, 0)  # numpy inputs (q: uint8 bytes of fp8); sorted, positions, bound
     ffi_dsa.call(*batch.args(), expected)
     np.testing.assert_array_equal(got, expected)

@@ -19,14 +19,15 @@ import pytest
 import torch
 
 import ffi_dsa
-from ffi_dsa.contract import HEAD_DIM, NUM_HEADS_NARROW, PAGE_BYTES, PAGE_FP8_BYTES, PAGE_TOKENS
+from ffi_dsa.contract import HEAD_DIM, NUM_HEADS_NARROW, PAGE_BYTES, PAGE_FP8_BYTES, PAGE_TOKENS, PREFILL_IDS
 from ffi_dsa.prefill_workloads import causal_ranges, make_exact_prefill_batch, make_prefill_batch
 from ffi_dsa.prefill_reference import key_ranges
 
-from conftest import CUDA, DEVICES, FP8_NAN_BYTES, SENTINEL, assert_all_written, fp8_bytes, poisoned, poisoned_np
+from conftest import (CUDA, DEVICES, FP8_NAN_BYTES, SENTINEL, assert_all_written, assert_rows_equal, fp8_bytes, poisoned,
+                      poisoned_np)
 
 K = 64
-IDS = ["relative", "absolute"]
+IDS = list(PREFILL_IDS)
 ORDERS = [pytest.param(False, id="position_order"), pytest.param(True, id="sorted")]
 
 
@@ -68,12 +69,7 @@ def assert_exact(out, batch, topk=K, *, sorted=False, ids="relative") -> None:
     """Byte-exact agreement with the float64 reference (exact-score data only)."""
     expected = ffi_dsa.reference_prefill(*batch.args(), topk=topk, sorted=sorted, ids=ids)
     assert out.dtype == np.int32 and out.shape == expected.shape
-    rows = np.nonzero((out != expected).any(axis=1))[0]
-    if rows.size:
-        i = int(rows[0])
-        col = int(np.argmax(out[i] != expected[i]))
-        raise AssertionError(f"rows {rows[:8].tolist()} differ from the reference; row {i} first at column {col}: "
-                             f"got {out[i, col:col + 6].tolist()}, expected {expected[i, col:col + 6].tolist()}")
+    assert_rows_equal(out, expected, "vs the reference")
 
 
 def row_scores(batch, i) -> np.ndarray:

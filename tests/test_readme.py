@@ -1,11 +1,14 @@
-"""README.md's framework snippets run as they stand, each as a script of its own (the README says so):
-a snippet that leans on names from another one fails here with its NameError."""
+"""The snippets of README.md and docs/callers.md run as they stand, each as a script of its own (the
+README says so): a snippet that leans on names from another one fails here with its NameError. Every
+caller the README covers has one. (docs/serving.md's blocks are fragments of the engines' code: its
+wiring is tests/test_engine_wiring.py's.)"""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,21 +17,23 @@ import pytest
 
 from conftest import script_env
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-SECTION = "## Framework integrations"
+CHECKOUT = Path(__file__).resolve().parent.parent
+README = CHECKOUT / "README.md"
+DOCUMENTS = (README, CHECKOUT / "docs" / "callers.md")
+# what README.md must show a runnable snippet of, and how to recognize it
+CALLERS = {"the op on numpy": "ffi_dsa.topk_indexer(", "torch": "torch.ops.dsa.topk_indexer(",
+           "torch.compile": "@torch.compile", "JAX": "jax.jit(topk_indexer", "TVM Relax": "tvm_relax.indexer_module",
+           "a serving engine": "# SGLang", "vLLM's positions and bound": 'ids="positions", max_seq_len=',
+           "prefill": "ffi_dsa.prefill_topk_indexer(",
+           "prefill in torch": "torch.ops.dsa.prefill_topk_indexer(", "prefill in JAX": "jax.jit(prefill_topk_indexer",
+           "prefill in TVM Relax": "tvm_relax.prefill_module"}
 
 
-def _snippets() -> list[str]:
-    """The ```python blocks of README's framework section (empty when the README is not beside the tests)."""
-    if not README.is_file():
+def _snippets(document: Path) -> list[str]:
+    """Every ```python block of `document` (none when it is not beside the tests)."""
+    if not document.is_file():
         return []
-    text = README.read_text()
-    start = text.find(SECTION)
-    if start < 0:
-        return []
-    end = text.find("\n## ", start + len(SECTION))
-    section = text[start:end if end >= 0 else len(text)]
-    return re.findall(r"^```python\n(.*?)^```", section, flags=re.S | re.M)
+    return re.findall(r"^```python\n(.*?)^```", document.read_text(), flags=re.S | re.M)
 
 
 def _missing_module(code: str) -> str | None:
@@ -45,24 +50,31 @@ def _missing_module(code: str) -> str | None:
     return next((m for m in sorted(imported) if importlib.util.find_spec(m) is None), None)
 
 
-SNIPPETS = _snippets()
+SNIPPETS = {f"{doc.name}-{i}": code for doc in DOCUMENTS for i, code in enumerate(_snippets(doc))}
 
 
-def test_the_readme_has_framework_snippets():
+def test_the_readme_has_a_snippet_for_every_caller():
     if not README.is_file():
         pytest.skip(f"no README.md beside the tests ({README})")
-    assert len(SNIPPETS) >= 4, f"expected the torch, MTP, JAX and TVM snippets under {SECTION!r}"
+    readme = _snippets(README)
+    missing = [caller for caller, mark in CALLERS.items() if not any(mark in code for code in readme)]
+    assert missing == [], f"README.md has no ```python snippet for {missing}"
 
 
-@pytest.mark.parametrize("code", SNIPPETS, ids=[f"snippet{i}" for i in range(len(SNIPPETS))])
-def test_readme_snippet_runs_by_itself(code, tmp_path):
+@pytest.mark.parametrize("name", list(SNIPPETS))
+def test_snippet_runs_by_itself(name, tmp_path):
+    code = SNIPPETS[name]
     missing = _missing_module(code)
     if missing:
         pytest.skip(f"the snippet needs {missing}, which is not installed")
     script = tmp_path / "snippet.py"
     script.write_text(code)
-    # the ffi_dsa this suite imports (the installed one in CI, else the checkout), from outside the checkout
-    env = script_env()
+    # the ffi_dsa this suite imports (the installed one in CI, else the checkout), from outside the
+    # checkout; a one-process torchrun environment for a snippet written for torchrun
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = dict(script_env(), RANK="0", WORLD_SIZE="1", MASTER_ADDR="localhost", MASTER_PORT=str(port))
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, f"the snippet failed:\n{code}\n--- stderr ---\n{done.stderr[-4000:]}"

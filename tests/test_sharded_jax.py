@@ -238,6 +238,26 @@ class TestFourDevices:
         ffi_dsa.prefill_call(q, k, k_scale, weights, ks, ke, want)
         np.testing.assert_array_equal(np.asarray(fn(*args)), want)
 
+    @pytest.mark.parametrize("how", ["jit", "shard_map"])
+    def test_positions_and_a_bound_keep_the_split(self, how):
+        """ids="positions" with a max_seq_len below the rows' lengths, batch-sharded under a jit and
+        inside a shard_map: one local call per device, the bytes of ffi_dsa.call with the same options."""
+        batch = make_batch([390, 5, 0, 300, 1, 399, 200, 64], seed=6)
+        mesh = mesh_of()
+        args = put(mesh, jax_args(batch), batch_specs())
+        options = dict(topk=K, ids="positions", max_seq_len=128)
+        if how == "jit":
+            fn = jax.jit(lambda *a: ffi_dsa.topk_indexer(*a, **options))
+        else:
+            fn = jax.jit(jax.shard_map(lambda *a: ffi_dsa.topk_indexer(*a, **options), mesh=mesh,
+                                       in_specs=tuple(batch_specs()), out_specs=P("x")))
+        text = hlo(fn, *args)
+        assert collectives(text) == []
+        assert local_calls(text) == [f"s32[2,{K}]"]
+        want = call_result(batch, K, ids="positions", max_seq_len=128)
+        np.testing.assert_array_equal(np.asarray(fn(*args)), want)
+        assert ffi_dsa.check_topk(want, *batch.args(), ids="positions") == []
+
     def test_only_q_sharded_the_other_row_operands_follow(self):
         batch = make_batch(lens(8, 2), seed=2)
         mesh = mesh_of()

@@ -24,11 +24,13 @@ using tvm::ffi::String;
 using tvm::ffi::TensorView;
 namespace cpu = ffi_dsa::cpu;
 
+// max_seq_len (the caller's bound on the longest row) only plans CUDA work: the CPU path has none to plan.
 void TopkIndexerCpu(TensorView q, TensorView k_cache, TensorView weights, TensorView seq_lens,
-                    TensorView block_table, TensorView topk_indices, bool sorted_by_score) {
+                    TensorView block_table, TensorView topk_indices, bool sorted_by_score, bool positions,
+                    int64_t /*max_seq_len*/) {
   const ffi_dsa::IndexerArgs args =
       ffi_dsa::CheckIndexerArgs(q, k_cache, weights, seq_lens, block_table, topk_indices, kDLCPU);
-  cpu::RunIndexerCpu(args, sorted_by_score);
+  cpu::RunIndexerCpu(args, sorted_by_score, positions);
 }
 
 // Decode's checks on shapes and dtypes alone, for callers that validate before any buffer exists
@@ -59,6 +61,12 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> ContractConstants() {
           {"page_tokens", ffi_dsa::kPageTokens},  {"token_bytes", ffi_dsa::kTokenBytes},
           {"page_fp8_bytes", ffi_dsa::kPageFp8Bytes}, {"page_bytes", ffi_dsa::kPageBytes},
           {"max_topk", ffi_dsa::kMaxTopK}};
+}
+
+// contract.h's names of each op's `ids` values (default first), for the same reason.
+tvm::ffi::Map<String, Array<String>> ContractIds() {
+  auto names = [](const char* const (&ids)[2]) { return Array<String>{String(ids[0]), String(ids[1])}; };
+  return {{"topk_indexer", names(ffi_dsa::kDecodeIds)}, {"prefill_topk_indexer", names(ffi_dsa::kPrefillIds)}};
 }
 
 // The scoring variant of later calls: "auto" (the best this CPU supports) or one of
@@ -117,6 +125,7 @@ int64_t WorkspaceBytes(String arch, int64_t query_rows, int64_t max_pages) {
 
 // Each op: DPS, (inputs..., output, scalar attrs) with no Optional arguments, the shape JAX's FFI
 // needs; and its checks on shapes and dtypes alone.
+// positions is ids="positions"; max_seq_len <= 0 is "unknown".
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_indexer, TopkIndexerCpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_indexer_check_shapes, TopkIndexerCheckShapes);
 // absolute_ids is ids="absolute".
@@ -124,6 +133,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(prefill_topk_indexer, PrefillTopkIndexerCpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(prefill_topk_indexer_check_shapes, PrefillTopkIndexerCheckShapes);
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(contract_constants, ContractConstants);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(contract_ids, ContractIds);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cuda_archs, CudaArchs);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(workspace_bytes, WorkspaceBytes);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(set_cpu_kernel, SetCpuKernel);

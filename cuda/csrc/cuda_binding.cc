@@ -61,8 +61,11 @@ const ffi_dsa::CudaArchEntries& ArchOf(int device) {
 // The caller's stream on `device`, as tvm-ffi's environment holds it (torch's current stream, XLA's).
 cudaStream_t CurrentStream(int device) { return static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device)); }
 
+// positions: ids="positions". max_seq_len: the caller's bound on the batch's longest row (<= 0:
+// unknown), which only plans the select's work: a row longer than it still gets its exact answer.
 void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, TensorView seq_lens,
-                     TensorView block_table, TensorView topk_indices, bool sorted_by_score) {
+                     TensorView block_table, TensorView topk_indices, bool sorted_by_score, bool positions,
+                     int64_t max_seq_len) {
   const ffi_dsa::IndexerArgs a =
       ffi_dsa::CheckIndexerArgs(q, k_cache, weights, seq_lens, block_table, topk_indices, kDLCUDA);
   const auto& names = ffi_dsa::kArgNames;
@@ -71,7 +74,7 @@ void TopkIndexerCuda(TensorView q, TensorView k_cache, TensorView weights, Tenso
 
   const int device = a.device.device_id;
   tvm::ffi::CUDADeviceGuard guard(device);
-  ArchOf(device).topk_indexer(a, CurrentStream(device), sorted_by_score);
+  ArchOf(device).topk_indexer(a, CurrentStream(device), ffi_dsa::DecodeOptions{sorted_by_score, positions, max_seq_len});
 }
 
 // Prefill (docs/contract.md §8): DPS like the CPU module's export of the same name. Keys are int32

@@ -54,4 +54,11 @@ FFI_DSA_CONTRACT_HD int32_t GlobalTokenId(const int32_t* row_table, int64_t t) {
   return static_cast<int32_t>(static_cast<int64_t>(row_table[t / kPageTokens]) * kPageTokens + t % kPageTokens);
 }
 
+// What an output id is, the `ids` option of each op (docs/contract.md): the first name is the
+// default, the second the one its native attribute (a bool) selects. Decode: a token's global slot
+// (GlobalTokenId, SGLang's page-table ids) or its position t in its row (attribute `positions`:
+// vLLM's decode ids). Prefill: j - the row's clamped start, or j itself (attribute `absolute_ids`).
+inline constexpr const char* kDecodeIds[2] = {"slots", "positions"};
+inline constexpr const char* kPrefillIds[2] = {"relative", "absolute"};
+
 }  // namespace ffi_dsa

@@ -57,9 +57,10 @@ inline std::vector<RowPages> WorkItems(const IndexerArgs& a, const QueryRowLayou
   return items;
 }
 
-// Selects query row qr's top-K from its keys and writes their ids through its row's block table.
+// Selects query row qr's top-K from its keys and writes their ids: each token's position t in its
+// row (ids="positions"), or its global slot through the row's block table.
 inline void SelectQueryRow(const IndexerArgs& a, const QueryRowLayout& layout, const uint32_t* keys, int64_t qr,
-                           bool sorted_by_score) {
+                           bool sorted_by_score, bool positions_as_ids) {
   thread_local SelectScratch scratch;
   thread_local std::vector<int64_t> positions;
   positions.resize(a.topk);
@@ -68,11 +69,11 @@ inline void SelectQueryRow(const IndexerArgs& a, const QueryRowLayout& layout, c
   const int32_t* table = a.block_table + (qr / a.queries) * a.max_pages;
   for (int64_t i = 0; i < a.topk; ++i) {
     const int64_t t = positions[i];
-    out[i] = t < 0 ? -1 : GlobalTokenId(table, t);
+    out[i] = t < 0 ? -1 : (positions_as_ids ? static_cast<int32_t>(t) : GlobalTokenId(table, t));
   }
 }
 
-inline void RunIndexerCpu(const IndexerArgs& a, bool sorted_by_score) {
+inline void RunIndexerCpu(const IndexerArgs& a, bool sorted_by_score, bool positions_as_ids) {
   if (a.batch == 0 || a.topk == 0) return;
   const QueryRowLayout layout = LayOutQueryRows(a);
   std::vector<uint32_t>& keys = CallerKeyBuffer();  // a reference: the workers must share this one
@@ -85,7 +86,7 @@ inline void RunIndexerCpu(const IndexerArgs& a, bool sorted_by_score) {
   ParallelFor(threads, static_cast<int64_t>(items.size()), [&](int64_t i) { score(items[i]); });
   const int64_t rows = a.query_rows();
   ParallelFor(std::min<int64_t>(threads, rows), rows,
-              [&](int64_t qr) { SelectQueryRow(a, layout, keys.data(), qr, sorted_by_score); });
+              [&](int64_t qr) { SelectQueryRow(a, layout, keys.data(), qr, sorted_by_score, positions_as_ids); });
 }
 
 }  // namespace ffi_dsa::cpu

@@ -8,14 +8,25 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "ffi_dsa/validate/decode.h"
 #include "ffi_dsa/validate/prefill.h"
 
 namespace ffi_dsa {
 
+// Decode's scalar attributes: the output order, the ids' kind (ids="positions"), and the caller's
+// bound on the batch's longest row (<= 0: unknown), which an arch may use to plan its work but
+// never to cut a row.
+struct DecodeOptions {
+  bool sorted_by_score = false;
+  bool positions = false;
+  int64_t max_seq_len = 0;
+};
+
 // Each op's entry point on one arch: checked arguments (q's device is current), the caller's stream,
 // the op's scalar attributes. It launches on that stream and returns; nothing is read back.
-using DecodeEntry = void (*)(const IndexerArgs& a, cudaStream_t stream, bool sorted_by_score);
+using DecodeEntry = void (*)(const IndexerArgs& a, cudaStream_t stream, const DecodeOptions& options);
 using PrefillEntry = void (*)(const PrefillArgs& a, cudaStream_t stream, bool sorted_by_score, bool absolute_ids);
 
 struct CudaArchEntries {
@@ -25,7 +36,7 @@ struct CudaArchEntries {
 };
 
 namespace sm90 {
-void TopkIndexer(const IndexerArgs& a, cudaStream_t stream, bool sorted_by_score);  // csrc/sm_90a/decode.cu
+void TopkIndexer(const IndexerArgs& a, cudaStream_t stream, const DecodeOptions& options);  // csrc/sm_90a/decode.cu
 void PrefillTopkIndexer(const PrefillArgs& a, cudaStream_t stream, bool sorted_by_score,
                         bool absolute_ids);  // csrc/sm_90a/prefill.cu
 }  // namespace sm90
