@@ -99,16 +99,12 @@ const DeviceFacts& DecodeDeviceFacts(int device) {
 }  // namespace
 
 void TopkIndexer(const IndexerArgs& a, cudaStream_t stream, const DecodeOptions& options) {
-  // A bound beyond the table's capacity says nothing more than the table does (and cannot overflow
-  // the plan's rounding then).
-  const int64_t capacity = a.max_pages * kPageTokens;
-  const CallOptions call{options.sorted_by_score, options.positions, std::min(options.max_seq_len, capacity)};
   const DeviceFacts& facts = DecodeDeviceFacts(a.device.device_id);
   const Tuning tuning = CurrentTuning();
   bool launched = false;
   ForEachQueryShape([&](auto heads, auto queries) {
     if (a.heads == heads() && a.queries == queries()) {
-      LaunchIndexer<heads(), queries()>(a, facts, tuning, stream, call);
+      LaunchIndexer<heads(), queries()>(a, facts, tuning, stream, options);
       launched = true;
     }
   });

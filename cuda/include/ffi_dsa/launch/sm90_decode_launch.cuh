@@ -12,6 +12,7 @@
 #include "ffi_dsa/impls/sm90_fused_rows.cuh"
 #include "ffi_dsa/impls/sm90_score_pages.cuh"
 #include "ffi_dsa/impls/sm90_select_rows.cuh"
+#include "ffi_dsa/launch/cuda_arch_entries.h"
 #include "ffi_dsa/launch/kernel_launch.cuh"
 #include "ffi_dsa/launch/sm90_decode_tensor_maps.h"
 #include "ffi_dsa/launch/sm90_device_facts.h"
@@ -30,15 +31,18 @@ bool FusedFits(const DeviceFacts& device, const Tuning& tuning, int64_t max_toke
          FusedSmemBytes<kHeads, kQueries>(static_cast<uint32_t>(max_tokens)) <= device.max_smem_optin;
 }
 
-// What a call asks beyond its tensors: the output order, the ids' kind, and optionally a bound on
-// the batch's longest row (the caller's max_seq_len; <= 0: unknown, the block table's width).
-struct CallOptions {
-  bool sorted_by_score = false;
-  bool positions = false;
-  int64_t max_seq_len = 0;
-};
+// The longest row the select plans for, in whole pages: the block table's width, or the caller's
+// bound on the batch's longest row (DecodeOptions::max_seq_len, <= 0: unknown) when it is smaller.
+// A bound only lowers the plan: rows beyond it stay correct. The one place the bound is clamped
+// (beyond the table's capacity it says nothing more, and the clamp keeps the rounding in range).
+inline int64_t PlannedTokens(const IndexerArgs& a, const DecodeOptions& o) {
+  const int64_t max_tokens = std::max<int64_t>(1, a.max_pages) * kPageTokens;
+  if (o.max_seq_len <= 0) return max_tokens;
+  const int64_t bound = std::min(o.max_seq_len, max_tokens);
+  return (bound + kPageTokens - 1) / kPageTokens * kPageTokens;
+}
 
-inline SelectParams SelectParamsOf(const IndexerArgs& a, const CallOptions& o, bool let_next_in) {
+inline SelectParams SelectParamsOf(const IndexerArgs& a, const DecodeOptions& o, bool let_next_in) {
   SelectParams sel{};
   sel.seq_lens = a.seq_lens;
   sel.block_table = a.block_table;
@@ -93,14 +97,11 @@ void LaunchScorePages(const IndexerArgs& a, const Schedule& plan, uint32_t* keys
 // Picks the schedule from shapes and launches it on `stream`.
 template <int kHeads, int kQueries>
 void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning& tuning, cudaStream_t stream,
-                   const CallOptions& o) {
+                   const DecodeOptions& o) {
   const bool sorted_by_score = o.sorted_by_score;
   const int64_t row_stride = a.max_pages * kPageTokens;
   const int64_t max_tokens = std::max<int64_t>(1, a.max_pages) * kPageTokens;
-  // The longest row the select plans for: a hint only lowers it (rows beyond it stay correct).
-  const int64_t planned_tokens =
-      o.max_seq_len > 0 ? std::min(max_tokens, (o.max_seq_len + kPageTokens - 1) / kPageTokens * kPageTokens)
-                        : max_tokens;
+  const int64_t planned_tokens = PlannedTokens(a, o);
   const ClusterOccupancy clusters = CapClusters(device.select_clusters, tuning.max_select_cluster);
   const Schedule plan = PlanSchedule(a.batch, a.queries, a.max_pages, planned_tokens, device.sm_count, kSliceKeys,
                                      clusters, FusedFits<kHeads, kQueries>(device, tuning, max_tokens));
