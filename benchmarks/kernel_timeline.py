@@ -1,6 +1,7 @@
 """Where one call's time goes: per-kernel durations and gaps inside CUDA-graph replays.
 
-    python benchmarks/kernel_timeline.py [W1,W3,C2 ...]        (a GPU; default C2,W1,W3,W5,W6)
+    python benchmarks/kernel_timeline.py [W1,W3,C2 ...] [--queries N] [--floor] [--bin-select]
+                                                               (a GPU; default C2,W1,W3,W5,W6)
 
 bench_gpu.py times each replay between two CUDA events; that number includes the graph launch
 and both kernels. This script replays the same kind of rotating graphs under torch.profiler
@@ -8,7 +9,12 @@ and both kernels. This script replays the same kind of rotating graphs under tor
 kernel's duration and its start relative to the scoring kernel's end (negative: programmatic
 dependent launch placed it early and it waited), the gap from one call's select to the next call's
 scoring kernel, and, once, the event-bracketed time of a graph holding a single tiny kernel (the
-floor of the event method). Medians over `--replays` calls.
+floor of the event method). Medians over `--replays` calls. "ends X after score" is the split
+path's tail: from the scoring kernel's end (its last page's keys written) to the select's last id.
+`--queries N` times N query tokens per row; `--floor` adds a second line per workload with the
+select stopped once its keys are staged and binned (ffi_dsa.cuda_options select_floor: nothing is
+written), the split path's fixed cost. `--bin-select` times the bin select (cuda_options
+bin_select) instead of the four-pass select; the floor is the bin select's.
 """
 
 from __future__ import annotations
@@ -61,8 +67,8 @@ def kernel_records(fns) -> list[dict]:
     return sorted(kernels, key=lambda e: e["ts"])
 
 
-def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int) -> str:
-    rot = rotating_sets(spec["lens"], "cuda", 256 * MB, seed=11, max_sets=max_sets)
+def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, queries: int | None = None) -> str:
+    rot = rotating_sets(spec["lens"], "cuda", 256 * MB, seed=11, max_sets=max_sets, queries=queries)
 
     def make_call(i):
         args, out = rot.set_args(i), rot.outs[i]
@@ -94,6 +100,9 @@ def main(argv=None) -> int:
     parser.add_argument("workloads", nargs="?", default="C2,W1,W3,W5,W6")
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--max-sets", type=int, default=64)
+    parser.add_argument("--queries", type=int, default=None, help="N query tokens per row (default: 1, rank-3 q)")
+    parser.add_argument("--floor", action="store_true", help="also time the select stopped after staging")
+    parser.add_argument("--bin-select", action="store_true", help="the bin select (cuda_options bin_select)")
     a = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("kernel_timeline: needs a CUDA GPU")
@@ -101,8 +110,15 @@ def main(argv=None) -> int:
     clock = Clock("cuda")
     print(f"one tiny kernel in a graph, event-bracketed: {tiny_graph_us(clock, 200):.2f} us", flush=True)
     specs = workloads()
+    from ffi_dsa.cuda_options import set_cuda_options, using_cuda_options
+
+    set_cuda_options(bin_select=a.bin_select)
+    n = (f" N={a.queries}" if a.queries else "") + (" bins" if a.bin_select else " passes")
     for name in a.workloads.split(","):
-        print(timeline(name, specs[name], clock, a.replays, a.max_sets), flush=True)
+        print(timeline(name, specs[name], clock, a.replays, a.max_sets, a.queries) + n, flush=True)
+        if a.floor and a.bin_select:
+            with using_cuda_options(select_floor=True):
+                print(timeline(name, specs[name], clock, a.replays, a.max_sets, a.queries) + n + " floor", flush=True)
     return 0
 
 

@@ -1,12 +1,17 @@
 """Where a select kernel's warps wait (Nsight Compute): stall reasons, issue rate, instructions.
 
-    python benchmarks/select_stalls.py [W1,W5,W6] [--queries N]      (a GPU with `ncu` on PATH)
+    python benchmarks/select_stalls.py [W1,W5,W6] [--queries N] [--bin-select] [--sass DIR]
+                                                                    (a GPU with `ncu` on PATH)
 
 For each workload it runs the call twice in a child process under ncu (L2 left as the first call
 leaves it, clocks alone: `--cache-control none --clock-control none`) and prints, for the second
 call's SelectRowsKernel and FusedRowsKernel, ncu's warp-state, scheduler and instruction sections
 and the source lines where most stall samples fall. A select is a latency chain on few warps, so
 its stall mix (instruction fetch, barriers, shared-memory or L2 latency) says what to shorten.
+`--bin-select` profiles the bin select (ffi_dsa.cuda_options bin_select). `--sass DIR` also writes,
+per workload, ncu's source page as CSV (DIR/<workload>_sass.csv: every SASS instruction of the
+kernel with its CUDA source line, executed instructions and stall samples), to count on the host
+which phase issues how much.
 """
 
 from __future__ import annotations
@@ -20,15 +25,17 @@ KERNELS = "regex:SelectRowsKernel|FusedRowsKernel"
 SECTIONS = ("WarpStateStats", "SchedulerStats", "InstructionStats", "LaunchStats", "SourceCounters")
 
 
-def child(name: str, queries: int | None) -> int:
+def child(name: str, queries: int | None, bin_select: bool) -> int:
     import torch
 
     import ffi_dsa
+    from ffi_dsa.cuda_options import set_cuda_options
     from bench_gpu import TOPK, workloads
     from ffi_dsa import _ffi_api
     from gpu_batches import make_batch_torch
 
     _ffi_api.cuda_module()
+    set_cuda_options(bin_select=bin_select)
     batch = make_batch_torch(workloads()[name]["lens"], seed=5, device="cuda", queries=queries)
     out = torch.full(batch.output_shape(TOPK), -7, dtype=torch.int32, device="cuda")
     for _ in range(2):
@@ -41,12 +48,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workloads", nargs="?", default="W1,W5,W6")
     parser.add_argument("--queries", type=int, default=None)
+    parser.add_argument("--bin-select", action="store_true")
+    parser.add_argument("--sass", help="folder for each workload's per-instruction CSV")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     a = parser.parse_args(argv)
     if a.child:
-        return child(a.child, a.queries)
+        return child(a.child, a.queries, a.bin_select)
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-    extra = ["--queries", str(a.queries)] if a.queries else []
+    extra = (["--queries", str(a.queries)] if a.queries else []) + (["--bin-select"] if a.bin_select else [])
     for name in a.workloads.split(","):
         cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--kernel-name", KERNELS,
                "--launch-skip", "1", "--launch-count", "1", "--import-source", "yes"]
@@ -60,6 +69,15 @@ def main(argv=None) -> int:
         print("\n".join(keep[-120:]))
         if proc.returncode != 0:
             print(proc.stderr[-1500:])
+        if a.sass:
+            cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--kernel-name", KERNELS,
+                   "--launch-skip", "1", "--launch-count", "1", "--import-source", "yes", "--section", "SourceCounters",
+                   "--page", "source", "--print-source", "cuda,sass", "--csv",
+                   sys.executable, __file__, "--child", name, *extra]
+            src = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            with open(f"{a.sass}/{name}_sass.csv", "w") as f:
+                f.write(src.stdout)
+            print(f"{name}: per-instruction counts in {a.sass}/{name}_sass.csv ({len(src.stdout)} bytes)")
     return 0
 
 

@@ -50,8 +50,9 @@ class CudaFunctions(NamedTuple):
 
     topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool, int], None]
     prefill_topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]
-    # (fused, pdl, max_select_cluster), -1 = unchanged -> the previous settings (launch/tuning.h)
-    set_cuda_options: Callable[[int, int, int], Mapping[str, int]]
+    # (fused, pdl, max_select_cluster, bin_select, select_floor), -1 = unchanged -> the previous
+    # settings (launch/tuning.h)
+    set_cuda_options: Callable[[int, int, int, int, int], Mapping[str, int]]
     cuda_options: Callable[[], Mapping[str, int]]
 
 
@@ -73,7 +74,7 @@ SCHEMAS = {
     CudaFunctions: {
         "topk_indexer": _DECODE,
         "prefill_topk_indexer": _PREFILL,
-        "set_cuda_options": "Callable[[int, int, int], Map[str, int]]",
+        "set_cuda_options": "Callable[[int, int, int, int, int], Map[str, int]]",
         "cuda_options": "Callable[[], Map[str, int]]",
     },
 }

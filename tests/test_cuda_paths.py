@@ -17,7 +17,8 @@ from mtp_batches import Form, mtp_batch
 
 pytestmark = pytest.mark.cuda
 
-DEFAULTS = {"fused": True, "pdl": True, "max_select_cluster": 16}
+DEFAULTS = {"fused": True, "pdl": True, "max_select_cluster": 16, "bin_select": True,
+            "select_floor": False}
 
 
 @pytest.fixture(autouse=True)
@@ -39,8 +40,8 @@ def kernels_run(args, **options) -> set[str]:
         run_dps(args)
         torch.cuda.synchronize()
     names = {e.name for e in p.events() if "ffi_dsa" in e.name}
-    return {kernel for kernel in ("FusedRowsKernel", "ScorePagesKernel", "SelectRowsKernel")
-            if any(kernel in name for name in names)}
+    return {kernel for kernel in ("FusedRowsKernel", "ScorePagesKernel", "SelectRowsKernel", "PassSelectRowsKernel")
+            if any(f"::{kernel}" in name for name in names)}
 
 
 def test_the_fused_option_picks_the_kernels():
@@ -48,6 +49,7 @@ def test_the_fused_option_picks_the_kernels():
     args = make_batch(lens, seed=300).to_torch("cuda")
     assert kernels_run(args) == {"FusedRowsKernel"}
     assert kernels_run(args, fused=False) == {"ScorePagesKernel", "SelectRowsKernel"}
+    assert kernels_run(args, fused=False, bin_select=False) == {"ScorePagesKernel", "PassSelectRowsKernel"}
 
 
 def _edge_batch(seed: int):
@@ -112,7 +114,8 @@ def test_options_round_trip_and_restore():
     assert cuda_options() == DEFAULTS
     previous = set_cuda_options(fused=False, max_select_cluster=4)
     assert previous == DEFAULTS
-    assert cuda_options() == {"fused": False, "pdl": True, "max_select_cluster": 4}
+    assert cuda_options() == {"fused": False, "pdl": True, "max_select_cluster": 4, "bin_select": True,
+                             "select_floor": False}
     set_cuda_options(**previous)
     with pytest.raises(RuntimeError, match="inside"):
         with using_cuda_options(pdl=False):

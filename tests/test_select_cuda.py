@@ -4,13 +4,18 @@ Scores here are exact in any accumulation order: q and k are 1 in one dimension 
 every weight is 1, so a token's score is 64 x its scale (its key's only product), and the scales
 carry at most 11 significant bits. So each selection is checked byte for byte against the float64
 reference, on one CTA and on clusters (rows longer than one CTA's slice), against every
-select-cluster cap, and in both orders. The distributions reach (sm90_cluster_topk.cuh):
-- a K-th value bucket of a few keys, ranked by all pairs;
-- a band of 1800 near-equal keys around the K-th key: a gathered bucket too long for all pairs;
+select-cluster cap, and in both orders, by both split-path selects (the four-pass select of
+sm90_cluster_topk.cuh and the bin select of sm90_bin_select.cuh, cuda_options bin_select). The
+distributions reach:
+- a K-th value bucket / bin of a few keys, ranked by all pairs;
+- a band of 1800 near-equal keys around the K-th key: a gathered bucket too long for all pairs, a
+  bin of more members than the bin select ranks (its search inside the bin);
 - a quarter of the row in that band: a bucket too full to gather (the radix search);
-- scores beyond FP16's range and below its smallest step (no format-bound bins may be assumed);
-- thousands of copies of the K-th key, more than K takes: ties by position across CTAs;
-- NaN scores among the winners' last places.
+- scores beyond FP16's range and below its smallest step (no format-bound bins may be assumed; the
+  bin select's end bins take them all);
+- thousands of copies of the K-th key, more than K takes: ties by position across CTAs (a bin of
+  one value);
+- NaN scores among the winners' last places (the NaN bin).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from test_cuda_paths import fused_batch_size, kernels_run
 pytestmark = pytest.mark.cuda
 
 CAPS = (16, 8, 4, 2, 1)
+SELECTS = {"passes": False, "bins": True}  # cuda_options bin_select
 
 
 def scored_batch(lens, scales_of_row, *, seed: int, queries: int | None = None):
@@ -102,9 +108,10 @@ DISTRIBUTIONS = {"spread": spread, "band": band, "wide_band": wide_band, "huge":
                  "nans_last": nans_last}
 
 
+@pytest.mark.parametrize("select", list(SELECTS))
 @pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
 @pytest.mark.parametrize("name", list(DISTRIBUTIONS))
-def test_every_branch_one_cta_and_clusters_exact(name, sorted_):
+def test_every_branch_one_cta_and_clusters_exact(name, sorted_, select):
     """Rows on one CTA (8K, 16K) and on clusters (40K, 130K): exact, and the same bytes under
     every cluster cap."""
     lens = [8192, 16384, 40000, 130000, 9000]
@@ -113,19 +120,37 @@ def test_every_branch_one_cta_and_clusters_exact(name, sorted_):
     args = batch.to_torch("cuda")
     outs = {}
     for cap in CAPS:
-        with using_cuda_options(max_select_cluster=cap, fused=False):
+        with using_cuda_options(max_select_cluster=cap, fused=False, bin_select=SELECTS[select]):
             outs[cap] = run_dps(args, sorted=sorted_)
     assert_exact(outs[16], batch, sorted=sorted_, name=name)
     for cap in CAPS[1:]:
         np.testing.assert_array_equal(outs[cap], outs[16], err_msg=f"{name}: max_select_cluster={cap}")
 
 
+@pytest.mark.parametrize("select", list(SELECTS))
 @pytest.mark.parametrize("name", ["band", "copies", "huge"])
-def test_two_queries_per_row_exact(name):
+def test_two_queries_per_row_exact(name, select):
     """N = 2: each query row its own select (query 0 sees one token less)."""
     fn = DISTRIBUTIONS[name]
     batch = scored_batch([12000, 50000], lambda b, n, rng: fn(n, rng), seed=720, queries=2)
-    assert_exact(run_dps(batch.to_torch("cuda")), batch, name=name)
+    with using_cuda_options(bin_select=SELECTS[select]):
+        assert_exact(run_dps(batch.to_torch("cuda")), batch, name=name)
+
+
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+def test_bin_select_gives_the_pass_select_bytes(sorted_):
+    """Random rows of every regime (one CTA, clusters, lengths around K) and a relu plateau (90% of
+    a row scores exactly 0), both id kinds: the bin select writes the four-pass select's bytes."""
+    lens = [0, 1, 2047, 2048, 2049, 5000, 8192, 8193, 30000, 70000, 131072]
+    plateau = lambda b, n, rng: np.where(rng.random(n) < 0.9, 0.0, rng.uniform(0.5, 4.0, n))  # noqa: E731
+    for batch in (make_batch(lens, seed=741), scored_batch([9000, 40000, 3000], plateau, seed=742)):
+        args = batch.to_torch("cuda")
+        for ids in ("slots", "positions"):
+            outs = {}
+            for select, on in SELECTS.items():
+                with using_cuda_options(fused=False, bin_select=on):
+                    outs[select] = run_dps(args, sorted=sorted_, ids=ids)
+            np.testing.assert_array_equal(outs["bins"], outs["passes"], err_msg=f"ids={ids}")
 
 
 @pytest.mark.parametrize("name", ["band", "copies", "tiny"])

@@ -1,7 +1,7 @@
 // FusedRowsKernel, the fused path for big batches of short rows (B >= kFusedMinSmShare x SMs, and
 // N x the table's width <= kFusedMaxRowKeys keys, which fit the CTA's shared memory: the
 // large-batch decode step): one CTA per row scores the whole row straight into shared memory and
-// selects it from there (sm90_select_rows.cuh: SelectSlice). Against the split path
+// selects it from there (sm90_slice_select.cuh: SelectSlice). Against the split path
 // (ScorePagesKernel scores everything into a workspace, then SelectRowsKernel selects) it saves a
 // launch, the workspace round trip through L2, and the wait for the whole scoring grid before any
 // select starts: a CTA whose row is done selects while the others still stream. With this many
@@ -31,7 +31,7 @@
 #include "ffi_dsa/impls/sm90_ptx.cuh"
 #include "ffi_dsa/impls/sm90_rows.cuh"
 #include "ffi_dsa/impls/sm90_score_pages.cuh"
-#include "ffi_dsa/impls/sm90_select_rows.cuh"
+#include "ffi_dsa/impls/sm90_slice_select.cuh"
 #include "ffi_dsa/rank_key.h"
 
 namespace ffi_dsa::sm90 {
@@ -84,7 +84,8 @@ __device__ __forceinline__ void WriteUnscoredQueries(const SelectParams& p, int6
   for (int j = 0; j < kQueries; ++j) {
     if (!ScoresNeeded(length[j], p.topk, p.sorted)) {
       __syncthreads();  // the previous writer's reads of the shared page table are done
-      WriteWholeRow(p, row * kQueries + j, row, length[j], smem);
+      WriteWholeRow<kFusedThreads>(p, row * kQueries + j, row, length[j], smem.slice_pages, smem.select.chunk_offsets,
+                                   smem.select.result_count, threadIdx.x);
     }
   }
 }

@@ -7,7 +7,7 @@
 namespace ffi_dsa::sm90 {
 
 struct SelectParams {
-  const uint32_t* keys;  // [B * N, row_stride], written by ScorePagesKernel for t < the query's length
+  uint32_t* keys;  // [B * N, row_stride], written by ScorePagesKernel for t < the query's length (winners marked in place when not staged)
   const int32_t* seq_lens;
   const int32_t* block_table;
   int32_t* topk_indices;
@@ -16,7 +16,7 @@ struct SelectParams {
   int32_t max_pages;
   int32_t topk;
   QueryShape qs;
-  uint32_t staged_capacity;  // keys of shared memory behind SelectSmem (a multiple of 64)
+  uint32_t staged_capacity;  // keys of shared memory behind SelectRowsSmem (whole tiles: StagedCapacity)
   bool sorted;
   // ids="positions": a token's position in its row instead of its global slot (page * 64 + slot).
   bool positions;
@@ -28,6 +28,9 @@ struct SelectParams {
   // our completion). Never while a CTA still reads the workspace: once the call returns, that memory
   // is the allocator's.
   bool let_next_in;
+  // launch/tuning.h: select_floor (a benchmark's instrument: SelectRowsKernel stops after staging
+  // and writes nothing).
+  bool stop_after_staging;
 };
 
 }  // namespace ffi_dsa::sm90

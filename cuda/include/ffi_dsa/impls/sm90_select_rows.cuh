@@ -1,23 +1,32 @@
 // SelectRowsKernel, the second kernel of the split path: the exact top-K of every query row (query
 // j of row b, b * N + j) from the rank keys ScorePagesKernel left in the workspace (L2-resident
-// right after it). One cluster of `cluster_size` CTAs per query row (sm90_cluster_topk.cuh); CTA r
-// of the cluster owns the r-th slice of the query's prefix of the row (whole pages).
-// A slice of up to `staged_capacity` keys is copied once into shared memory by one bulk copy
-// and every pass reads it there; longer slices (rows of more than 16 x 32K tokens) are walked
-// from L2 on every pass. Launched with programmatic stream serialization: its CTAs are placed
-// while ScorePagesKernel runs, read their inputs (lengths, page ids) and then wait for its keys.
-// Rows that need no scores (at most K tokens, position order) are written without keys; when no
-// row needs scores this kernel runs alone (no workspace). A row of at most kSliceKeys tokens is the
-// cluster's first CTA's alone (the others leave at once), so a cluster sized for the block table's
-// width costs short rows no cluster work. SelectSlice is FusedRowsKernel's select too.
+// right after it). One cluster of `cluster_size` CTAs per query row; CTA r of the cluster owns the
+// r-th slice of the query's prefix of the row (whole pages). Each thread copies its quads of the
+// slice from L2 into shared memory and counts them into the slice's histogram on the way
+// (sm90_bin_select.cuh: the bins need no range, so nothing waits for a stats pass); the select
+// then reads shared memory only. Slices longer than `staged_capacity` (rows of more than 16 x 32K
+// tokens) are binned the same way and read from L2 on every pass.
+//
+// 1024 threads at <= 64 registers: the select is a chain of short phases of a few instructions per
+// key each, so it wants as many warps per scheduler as the SM holds (8), to issue while others wait.
+//
+// Launched with programmatic stream serialization: its CTAs are placed while ScorePagesKernel runs,
+// read their inputs (lengths, page ids) and then wait for its keys. Rows that need no scores (at
+// most K tokens, position order) are written without keys; when no row needs scores this kernel
+// runs alone (no workspace). A row of at most kSliceKeys tokens is the cluster's first CTA's alone
+// (the others leave at once), so a cluster sized for the block table's width costs short rows no
+// cluster work.
 #pragma once
+#include <cooperative_groups.h>
+
 #include <cstdint>
 
 #include "ffi_dsa/contract.h"
-#include "ffi_dsa/impls/sm90_cluster_topk.cuh"
+#include "ffi_dsa/impls/sm90_bin_select.cuh"
 #include "ffi_dsa/impls/sm90_ptx.cuh"
 #include "ffi_dsa/impls/sm90_rows.cuh"
 #include "ffi_dsa/impls/sm90_select_params.cuh"
+#include "ffi_dsa/impls/sm90_warp.cuh"
 #include "ffi_dsa/rank_key.h"
 #include "ffi_dsa/sm90_schedule.h"
 
@@ -25,24 +34,34 @@ namespace ffi_dsa::sm90 {
 
 // Keys one CTA selects alone; a longer row gets a cluster of ceil(n / kSliceKeys) CTAs. Not
 // smaller slices: every cluster phase waits for the slowest CTA and pays a DSMEM round trip, which
-// below ~8K keys per CTA costs more than the keys it splits (an 8K row is faster on one CTA than on
-// a cluster of 4 slices of 2K keys; a 64K row takes 8 CTAs, not 16 or 32).
+// below ~8K keys per CTA costs more than the keys it splits.
 constexpr int kSliceKeys = 8192;
-// Up to kMaxSelectCluster CTAs per row (sm90_schedule.h).
-static_assert(kMaxSelectCluster <= kMaxClusterRanks, "the cluster exchanges");
+static_assert(kMaxSelectCluster <= topk::kMaxRanks, "the cluster exchanges");
 // Keys one CTA stages in shared memory (128 KB): a 512K-token row over a cluster of 16.
 constexpr uint32_t kMaxStagedKeys = 32768;
 constexpr int kMaxStagedPages = kMaxStagedKeys / kPageTokens;
 
-struct SelectSmem {
-  ClusterSelectStorage select;
+constexpr int kSelectRowsThreads = 1024;
+using SelectShape = topk::Shape<kSelectRowsThreads>;
+static_assert(kMaxStagedKeys % SelectShape::kTileKeys == 0, "staged slices are whole tiles");
+
+struct SelectRowsSmem {
+  topk::Storage<kSelectRowsThreads> select;
+  topk::SortStorage<kSelectRowsThreads> sorting;  // the cluster's first CTA's receives every winner (sorted)
   int32_t slice_pages[kMaxStagedPages];  // page ids of a staged slice: emitting a winner is a smem lookup
-  uint64_t keys_landed;                  // mbarrier of the staging copy
+  uint32_t page_offsets[32];             // WriteWholeRow
+  uint32_t whole_row_count;
 };
-// Dynamic shared memory of a launch: SelectSmem, then the staged keys.
-__host__ __device__ constexpr size_t StagedKeysOffset() { return (sizeof(SelectSmem) + 127) / 128 * 128; }
+// Dynamic shared memory of a launch: SelectRowsSmem, then the staged keys (whole tiles).
+__host__ __device__ constexpr size_t StagedKeysOffset() { return (sizeof(SelectRowsSmem) + 127) / 128 * 128; }
 __host__ __device__ constexpr size_t SelectSmemBytes(uint32_t staged_capacity) {
   return StagedKeysOffset() + size_t(staged_capacity) * sizeof(uint32_t);
+}
+// Staged keys the launch asks for: whole tiles, at most kMaxStagedKeys.
+__host__ __device__ constexpr uint32_t StagedCapacity(int64_t keys) {
+  const int64_t tile = SelectShape::kTileKeys;
+  const int64_t whole = (keys + tile - 1) / tile * tile;
+  return static_cast<uint32_t>(whole < int64_t(kMaxStagedKeys) ? whole : int64_t(kMaxStagedKeys));
 }
 
 // Slice length per CTA: whole pages, so slices start on a page (and 16-byte aligned).
@@ -50,283 +69,76 @@ __host__ __device__ inline int64_t SliceLength(int64_t n, int cluster_size) {
   const int64_t per_cta = (n + cluster_size - 1) / cluster_size;
   return (per_cta + kPageTokens - 1) / kPageTokens * kPageTokens;
 }
+// The same for a row's length as the kernels read it (32-bit: a 64-bit division is a ~70-
+// instruction call on every CTA's path to its first read).
+__device__ __forceinline__ uint32_t SliceLength32(uint32_t n, uint32_t cluster_size) {
+  const uint32_t per_cta = (n + cluster_size - 1) / cluster_size;
+  return (per_cta + kPageTokens - 1) / kPageTokens * kPageTokens;
+}
 
-// Emit works on chunks of up to 16 tiles (32K keys, a whole staged slice): the (tile, warp)
-// counts of a chunk fit one table entry per thread, and each half of a packed count stays below
-// 2^16.
-constexpr uint32_t kChunkTiles = 16;
-static_assert(kChunkTiles % kBatchTiles == 0, "a batch never spans two chunks");
-static_assert(kChunkTiles * kSelectWarps <= kSelectThreads, "one table entry per thread");
-static_assert(kChunkTiles * kTileKeys < 65536, "packed (greater, equal) counts of a chunk");
-static_assert(kCountedTiles == kChunkTiles, "a counted slice is one chunk");
+// The index of this CTA's cluster in the grid (a special register: no division by the size).
+__device__ __forceinline__ uint32_t ClusterIndex() {
+  uint32_t id;
+  asm("mov.u32 %0, %%clusterid.x;" : "=r"(id));
+  return id;
+}
 
-// A row that needs no scores (sm90_rows.cuh: ScoresNeeded), by one CTA: every token on a valid
-// page, in position order, then -1. At most K tokens, so at most 32 pages: one warp scans them.
+// A row that needs no scores (sm90_rows.cuh: ScoresNeeded), by one CTA of kThreads: every token on
+// a valid page, in position order, then -1. At most K tokens, so at most 32 pages: one warp scans
+// them. `query_row` names the output row, `row` the block-table row; `pages` and `offsets` are
+// 32-entry shared buffers.
 static_assert(kMaxTopK <= 32 * kPageTokens, "one warp holds the pages of a row of <= K tokens");
-// `query_row` names the output row, `row` the block-table row.
-__device__ void WriteWholeRow(const SelectParams& p, int64_t query_row, int64_t row, int64_t n, SelectSmem& smem) {
-  const int tid = threadIdx.x, lane = tid % 32;
-  ClusterSelectStorage& s = smem.select;
+template <int kThreads>
+__device__ void WriteWholeRow(const SelectParams& p, int64_t query_row, int64_t row, int64_t n, int32_t* pages,
+                              uint32_t* offsets, uint32_t& count, int tid) {
+  const int lane = tid % 32;
   const int32_t* table = p.block_table + row * p.max_pages;
-  const int pages = static_cast<int>((n + kPageTokens - 1) / kPageTokens);
+  const int npages = static_cast<int>((n + kPageTokens - 1) / kPageTokens);
   if (tid < 32) {
-    int32_t page = lane < pages ? __ldcg(table + lane) : -1;  // L2: behind ScorePagesKernel, read before the wait
+    int32_t page = lane < npages ? __ldcg(table + lane) : -1;  // L2: behind ScorePagesKernel, read before the wait
     if (page >= p.num_pages) page = -1;  // -1 (or any negative id): not a page, its tokens are not candidates
     const uint32_t tokens = page >= 0 ? static_cast<uint32_t>(min(int64_t(kPageTokens), n - int64_t(lane) * kPageTokens)) : 0u;
     const uint32_t incl = WarpInclusiveSum(tokens);
-    s.chunk_offsets[lane] = incl - tokens;  // first output slot of the page's tokens
-    smem.slice_pages[lane] = page;
-    if (lane == 31) s.result_count = incl;
+    offsets[lane] = incl - tokens;  // first output slot of the page's tokens
+    pages[lane] = page;
+    if (lane == 31) count = incl;
   }
   __syncthreads();
   int32_t* out = p.topk_indices + query_row * p.topk;
-  const uint32_t count = s.result_count;
+  const uint32_t total = count;
 #pragma unroll 1
-  for (int64_t t = tid; t < n; t += kSelectThreads) {
+  for (int64_t t = tid; t < n; t += kThreads) {
     const int i = static_cast<int>(t / kPageTokens);
-    const int32_t page = smem.slice_pages[i];
-    if (page >= 0) {
-      out[s.chunk_offsets[i] + t % kPageTokens] = p.positions ? static_cast<int32_t>(t) : page * kPageTokens + t % kPageTokens;
-    }
+    const int32_t page = pages[i];
+    if (page >= 0) out[offsets[i] + t % kPageTokens] = p.positions ? static_cast<int32_t>(t) : page * kPageTokens + t % kPageTokens;
   }
 #pragma unroll 1
-  for (uint32_t i = count + tid; i < static_cast<uint32_t>(p.topk); i += kSelectThreads) out[i] = -1;
+  for (uint32_t i = total + tid; i < static_cast<uint32_t>(p.topk); i += kThreads) out[i] = -1;
 }
 
-// The exact top-K of query row `query_row` (n tokens of block-table row `row`), from this CTA's
-// slice of it: keys [begin, begin + m) of the query in `keys`, the slice's page ids in `pages`.
-// Every CTA of the row's cluster calls it with its own slice. `thread_stats`: this thread's share
-// of the slice's stats (the shares of a CTA's threads disjoint, together the whole slice); they are
-// combined before waiting on `landed` (the mbarrier of the keys' copy into shared memory, or null).
-__device__ __forceinline__ void SelectSlice(const SelectParams& p, SelectSmem& smem, int64_t query_row, int64_t row,
-                                            int64_t n, int64_t begin,
-                                            const KeySpan& keys, const SliceStats& thread_stats, const int32_t* pages,
-                                            uint64_t* landed, int cluster_size, int cluster_rank) {
-  auto& s = smem.select;
-  const int tid = threadIdx.x;
-  const uint32_t topk = static_cast<uint32_t>(p.topk);
-  const uint32_t tiles = Tiles(keys);
-
-  // Otherwise (sorted and at most K tokens) every valid token wins: no statistics needed.
-  const bool select = ThresholdNeeded(n, p.topk);
-  SliceStats row_stats;
-  if (select) row_stats = RowStats(s, thread_stats, cluster_size);
-  if (landed != nullptr) MbarWait(landed, 0);
-  // A staged slice's last workspace reads are behind us: every thread's stats loads were consumed
-  // before RowStats' barriers, and the copy has landed. A slice read from L2 lets the next kernel
-  // in only by exiting.
-  if (p.let_next_in && keys.staged != nullptr) AllowDependentLaunch();
-  bool counted = false;  // the emit's count table is (nearly) ready: BucketThreshold
-  const Threshold th = select ? ClusterThreshold(s, keys, topk, row_stats, cluster_size, counted) : kTakeAll;
-
-  // ---- emit: winners by ascending position --------------------------------------------------
-  // (greater-than-T, equal-to-T) counts of a quad, packed in one word.
-  auto counts = [&](const uint4& q) {
-    auto one = [&](uint32_t key) { return (uint32_t(Wins(key, th)) << 16) + uint32_t(Ties(key, th)); };
-    return one(q.x) + one(q.y) + one(q.z) + one(q.w);
-  };
-  // The exclusive prefix of a chunk's (tile, warp) counts in chunk_offsets, in place; returns the
-  // chunk's total. Ends with a barrier.
-  const int warp = tid / 32, lane = tid % 32;
-  auto prefix_table = [&](uint32_t chunk_tiles) {
-    uint32_t chunk_total;
-    const uint32_t offset =
-        BlockExclusiveSum(s, tid < chunk_tiles * kSelectWarps ? s.chunk_offsets[tid] : 0u, chunk_total);
-    s.chunk_offsets[tid] = offset;  // each thread its own entry: read above by this thread only
-    __syncthreads();
-    return chunk_total;
-  };
-  // The (tile, warp) counts of a chunk and their exclusive prefix, in chunk_offsets; returns the
-  // chunk's total. Ends with a barrier.
-  auto chunk_table = [&](uint32_t chunk) {
-    const uint32_t chunk_tiles = min(kChunkTiles, tiles - chunk);
-#pragma unroll 1
-    for (uint32_t t = 0; t < chunk_tiles; t += kBatchTiles) {
-      uint4 q[kBatchTiles];
-      uint32_t x[kBatchTiles];
-      LoadBatch(keys, chunk + t, q);
-#pragma unroll
-      for (uint32_t u = 0; u < kBatchTiles; ++u) x[u] = WarpSum(counts(q[u]));
-#pragma unroll
-      for (uint32_t u = 0; u < kBatchTiles; ++u) {
-        if (lane == 0 && t + u < chunk_tiles) s.chunk_offsets[(t + u) * kSelectWarps + warp] = x[u];
-      }
-    }
-    __syncthreads();
-    return prefix_table(chunk_tiles);
-  };
-  // Pass 1: this CTA's totals (a slice of one chunk: its table, kept for the emit), then the lower
-  // CTAs' totals.
-  const bool one_chunk = tiles <= kChunkTiles;
-  uint32_t first_chunk_total = 0;
-  unsigned long long cta_total;  // (greater << 32) | equal
-  if (one_chunk) {
-    if (counted) {  // the gather pass counted everything but the K-th bucket's keys
-      AddGatheredCounts(s, th);
-      first_chunk_total = prefix_table(tiles);
-    } else {
-      first_chunk_total = chunk_table(0);
-    }
-    cta_total = (static_cast<unsigned long long>(first_chunk_total >> 16) << 32) | (first_chunk_total & 0xFFFFu);
-  } else {
-    unsigned long long mine = 0;
-    ForEachQuad(keys, [&](uint32_t, const uint4& q) {
-      const uint32_t x = counts(q);
-      mine += (static_cast<unsigned long long>(x >> 16) << 32) | (x & 0xFFFFu);
-    });
-    cta_total = BlockSum64(s, mine);
-  }
-  unsigned long long lower = 0, row_total = cta_total;  // neither half overflows: both count one row
-  if (cluster_size > 1) {
-    if (tid == 0) s.emit_totals = cta_total;
-    ClusterBarrier();
-    if (tid < cluster_size) s.rank_totals[tid] = *AtRank(&s.emit_totals, tid);
-    __syncthreads();
-    row_total = 0;
-#pragma unroll 1
-    for (int r = 0; r < cluster_size; ++r) {
-      const unsigned long long t = s.rank_totals[r];
-      if (r < cluster_rank) lower += t;
-      row_total += t;
-    }
-  }
-  // min(.., topk): the threshold guarantees at most K winners; the clamp (and the slot guard in
-  // emit) keep a logic error from ever writing past the row's K outputs or the sort buffer.
-  const uint32_t selected =
-      min(topk, static_cast<uint32_t>(row_total >> 32) + min(static_cast<uint32_t>(row_total), th.ties));
-
-  int32_t* out = p.topk_indices + query_row * p.topk;
-  unsigned long long* words = cluster_size > 1 ? AtRank(s.sorting.words, 0) : s.sorting.words;
-  // Pass 2, chunk by chunk: the chunk's (tile, warp) counts and their prefix, then every winner's
-  // slot = winners before it in the row (ties: only the first th.ties).
-  uint32_t greater_carry = static_cast<uint32_t>(lower >> 32), equal_carry = static_cast<uint32_t>(lower);
-  // Every key equal to T wins (the common case: T's copies are not split by K): a key's slot is
-  // the count of keys >= T before it, so the tie counts need not be ranked key by key. The warp's
-  // offsets come from four ballots per tile instead of a packed-count scan, and a quad's 4 keys
-  // share one page lookup.
-  const bool every_tie_wins = th.ties == UINT_MAX;
-  const uint32_t lanes_below = (1u << lane) - 1u;
-#pragma unroll 1
-  for (uint32_t chunk = 0; chunk < tiles; chunk += kChunkTiles) {
-    const uint32_t chunk_tiles = min(kChunkTiles, tiles - chunk);
-    const uint32_t chunk_total = one_chunk ? first_chunk_total : chunk_table(chunk);
-    if (every_tie_wins) {
-#pragma unroll 1
-      for (uint32_t t = 0; t < chunk_tiles; t += kBatchTiles) {
-        uint4 q[kBatchTiles];
-        LoadBatch(keys, chunk + t, q);
-#pragma unroll
-        for (uint32_t u = 0; u < kBatchTiles; ++u) {
-          if (t + u >= chunk_tiles) break;  // empty quads past the chunk: nothing to emit
-          const uint32_t pos = QuadPosition(chunk + t + u);
-          const uint32_t quad[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
-          bool wins[4];
-          uint32_t slot = 0;
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            wins[i] = Wins(quad[i], th) || Ties(quad[i], th);
-            slot += __popc(__ballot_sync(0xFFFFFFFFu, wins[i]) & lanes_below);
-          }
-          const uint32_t before = s.chunk_offsets[(t + u) * kSelectWarps + warp];
-          slot += greater_carry + equal_carry + (before >> 16) + (before & 0xFFFFu);
-          if (wins[0] || wins[1] || wins[2] || wins[3]) {  // (pos is inside the slice: its page exists)
-            // The quad shares a page.
-            const int32_t first_id =
-                p.sorted ? 0 : (p.positions ? static_cast<int32_t>(begin + pos) : GlobalTokenId(pages, pos));
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              if (wins[i] && slot < topk) {
-                if (!p.sorted) {
-                  out[slot] = first_id + i;
-                } else {
-                  words[slot] = RankWord(quad[i], static_cast<uint32_t>(begin + pos + i));
-                }
-              }
-              slot += wins[i];
-            }
-          }
-        }
-      }
-    } else {
-#pragma unroll 1
-      for (uint32_t t = 0; t < chunk_tiles; t += kBatchTiles) {
-        uint4 q[kBatchTiles];
-        uint32_t x[kBatchTiles], incl[kBatchTiles];
-        LoadBatch(keys, chunk + t, q);
-#pragma unroll
-        for (uint32_t u = 0; u < kBatchTiles; ++u) incl[u] = x[u] = counts(q[u]);
-        // WarpInclusiveSum of each incl[u], interleaved over the batch
-#pragma unroll
-        for (int o = 1; o < 32; o *= 2) {
-#pragma unroll
-          for (uint32_t u = 0; u < kBatchTiles; ++u) {
-            const uint32_t y = __shfl_up_sync(0xFFFFFFFFu, incl[u], o);
-            if (lane >= o) incl[u] += y;
-          }
-        }
-#pragma unroll
-        for (uint32_t u = 0; u < kBatchTiles; ++u) {
-          if (t + u >= chunk_tiles) break;  // empty quads past the chunk: nothing to emit
-          const uint32_t pos = QuadPosition(chunk + t + u);
-          const uint32_t before = s.chunk_offsets[(t + u) * kSelectWarps + warp] + incl[u] - x[u];
-          uint32_t greater = greater_carry + (before >> 16);  // winners above T before this key
-          uint32_t equal = equal_carry + (before & 0xFFFFu);  // keys equal to T before this key
-          const uint32_t quad[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const uint32_t key = quad[i];
-            const bool wins = Wins(key, th), ties = Ties(key, th);
-            const uint32_t slot = wins ? greater + min(equal, th.ties) : greater + equal;
-            if ((wins || (ties && equal < th.ties)) && slot < topk) {
-              if (!p.sorted) {
-                out[slot] = p.positions ? static_cast<int32_t>(begin + pos + i) : GlobalTokenId(pages, pos + i);
-              } else {
-                words[slot] = RankWord(key, static_cast<uint32_t>(begin + pos + i));
-              }
-            }
-            greater += wins;
-            equal += ties;
-          }
-        }
-      }
-    }
-    greater_carry += chunk_total >> 16;
-    equal_carry += chunk_total & 0xFFFFu;
-    __syncthreads();  // chunk_offsets is rewritten by the next chunk
-  }
-
-  if (!p.sorted) {
-#pragma unroll 1
-    for (uint32_t i = selected + cluster_rank * kSelectThreads + tid; i < topk; i += cluster_size * kSelectThreads) {
-      out[i] = -1;
-    }
-    if (cluster_size > 1) ClusterBarrier();  // the others may still read our emit totals
-  } else {
-    if (cluster_size > 1) ClusterBarrier();  // every CTA's winners are in rank 0's buffer
-    if (cluster_rank == 0) {
-      SortSelectedDescending(s.sorting, selected);
-      const int32_t* row_table = p.block_table + row * p.max_pages;
-#pragma unroll 1
-      for (uint32_t i = tid; i < topk; i += kSelectThreads) {
-        int32_t id = -1;
-        if (i < selected) {
-          const uint32_t t = RankWordPosition(s.sorting.words[i]);
-          id = p.positions ? static_cast<int32_t>(t) : GlobalTokenId(row_table, t);
-        }
-        out[i] = id;
-      }
-    }
-  }
+// Copies this thread's quads of the slice from L2 into `staged` (null: not staged) and counts them
+// into the histogram. Keys past the slice's end (to whole tiles) are staged as kNotCandidate.
+__device__ __forceinline__ void StageAndCount(topk::Storage<kSelectRowsThreads>& s, const uint32_t* global, uint32_t m,
+                                              uint32_t* staged, int tid) {
+  const topk::SliceKeys from{nullptr, const_cast<uint32_t*>(global), m};
+  topk::ForEachQuad<kSelectRowsThreads>(from, 0, topk::Tiles<kSelectRowsThreads>(from), tid,
+                                        [&](uint32_t, uint32_t pos, const uint4& q) {
+    if (staged != nullptr) *reinterpret_cast<uint4*>(staged + pos) = q;
+    topk::CountKey(s, q.x);
+    topk::CountKey(s, q.y);
+    topk::CountKey(s, q.z);
+    topk::CountKey(s, q.w);
+  });
 }
 
-__global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const SelectParams p) {
+__global__ void __launch_bounds__(kSelectRowsThreads, 1) SelectRowsKernel(const SelectParams p) {
   extern __shared__ __align__(128) uint8_t select_smem_raw[];
-  SelectSmem& smem = *reinterpret_cast<SelectSmem*>(select_smem_raw);
+  SelectRowsSmem& smem = *reinterpret_cast<SelectRowsSmem*>(select_smem_raw);
   uint32_t* staged_keys = reinterpret_cast<uint32_t*>(select_smem_raw + StagedKeysOffset());
   auto& s = smem.select;
-  const int cluster_size = static_cast<int>(cg::this_cluster().num_blocks());
-  const int cluster_rank = static_cast<int>(cg::this_cluster().block_rank());
-  const int64_t query_row = blockIdx.x / cluster_size;
+  const int cluster_size = static_cast<int>(cooperative_groups::this_cluster().num_blocks());
+  const int cluster_rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
+  const int64_t query_row = ClusterIndex();
   // The block-table row (32-bit, and no division for one query: divisions sit on the path to the
   // first read).
   const int64_t row = p.qs.queries == 1 ? query_row
@@ -335,8 +147,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   const int tid = threadIdx.x;
   // The next call's first kernel may be placed on the SMs this grid leaves free (it waits for our
   // completion before reading anything), as soon as this CTA is done with the workspace: at once
-  // with no workspace or for a row that needs no scores (then possibly while ScorePagesKernel still
-  // runs: a successor waits before touching any memory the call uses), after staging, or at exit.
+  // with no workspace or for a row that needs no scores, after staging, or at exit.
   if (p.let_next_in && p.keys == nullptr) AllowDependentLaunch();
   if (p.wait_before_inputs) WaitForPrecedingGrid();
 
@@ -346,52 +157,55 @@ __global__ void __launch_bounds__(kSelectThreads, 1) SelectRowsKernel(const Sele
   const int64_t n = QueryLengthOf(__ldcg(QueryLengthEntry(p.seq_lens, row, query, p.qs)), query, p.qs, p.max_pages);
   if (!ScoresNeeded(n, p.topk, p.sorted)) {  // the same branch for every CTA of the cluster
     if (p.let_next_in) AllowDependentLaunch();  // this CTA reads no keys
-    if (cluster_rank == 0) WriteWholeRow(p, query_row, row, n, smem);
+    if (cluster_rank == 0) {
+      WriteWholeRow<kSelectRowsThreads>(p, query_row, row, n, smem.slice_pages, smem.page_offsets,
+                                        smem.whole_row_count, tid);
+    }
     // ScorePagesKernel had nothing to do for this row, but this grid must not finish before it:
     // stream order promises later work both kernels' completion.
     WaitForPrecedingGrid();
     return;
   }
-  // A row one CTA selects best alone is the first CTA's, whatever the cluster size.
   const bool alone = n <= kSliceKeys;
   if (alone && cluster_rank != 0) {
     if (p.let_next_in) AllowDependentLaunch();  // reads no keys; the first CTA waits for ScorePagesKernel
     return;
   }
   const int ctas = alone ? 1 : cluster_size, rank = alone ? 0 : cluster_rank;
-  ResetClusterSelect(s);
-  const int64_t slice = SliceLength(n, ctas);
-  const int64_t begin = min(n, rank * slice);
-  const uint32_t m = static_cast<uint32_t>(min(n, begin + slice) - begin);
+  topk::Reset(s, tid);
+  const uint32_t length = static_cast<uint32_t>(n);
+  const uint32_t slice = SliceLength32(length, static_cast<uint32_t>(ctas));
+  const uint32_t begin = min(length, static_cast<uint32_t>(rank) * slice);
+  const uint32_t m = min(length, begin + slice) - begin;
   const bool staged = m <= p.staged_capacity;
-  const uint32_t* slice_keys = p.keys + query_row * p.row_stride + begin;
+  uint32_t* slice_keys = p.keys + query_row * p.row_stride + begin;
   const int32_t* table = p.block_table + row * p.max_pages + begin / kPageTokens;
   if (staged) {
 #pragma unroll 1
-    for (uint32_t i = tid; i < (m + kPageTokens - 1) / kPageTokens; i += kSelectThreads) smem.slice_pages[i] = __ldcg(table + i);
-    if (tid == 0) {
-      MbarInit(&smem.keys_landed, 1);
-      FenceBarrierInit();
+    for (uint32_t i = tid; i < (m + kPageTokens - 1) / kPageTokens; i += kSelectRowsThreads) {
+      smem.slice_pages[i] = __ldcg(table + i);
     }
   }
-  __syncthreads();  // the barrier's init, slice_pages and the histogram's reset
+  __syncthreads();  // the histogram's reset, slice_pages
   WaitForPrecedingGrid();  // ScorePagesKernel's keys
 
-  // Whole 16-byte units: up to 3 keys past the slice, inside the row's last page of the
-  // workspace (ScorePagesKernel writes them as kNotCandidate; the passes mask them anyway).
-  if (staged && m > 0 && tid == 0) {
-    const uint32_t bytes = (m + 3) / 4 * 16;
-    MbarArriveExpectTx(&smem.keys_landed, bytes);
-    BulkLoad(staged_keys, slice_keys, bytes, &smem.keys_landed);
-  }
-  // This thread's share of the stats, read from L2 while the copy lands: the load latency hides
-  // behind it. A row of at most K tokens is only sorted: no stats, no extra pass over its keys.
-  SliceStats thread_stats = EmptyStats();
-  if (ThresholdNeeded(n, p.topk)) {
-    ForEachKey(KeySpan{nullptr, slice_keys, m}, [&](uint32_t key) { AddKey(thread_stats, key); });
-  }
-  SelectSlice(p, smem, query_row, row, n, begin, KeySpan{staged ? staged_keys : nullptr, slice_keys, m}, thread_stats,
-              staged ? smem.slice_pages : table, staged && m > 0 ? &smem.keys_landed : nullptr, ctas, rank);
+  StageAndCount(s, slice_keys, m, staged ? staged_keys : nullptr, tid);
+  __syncthreads();
+  // A staged slice's workspace reads are behind us; a slice read from L2 lets the next kernel in
+  // only by exiting.
+  if (p.let_next_in && staged) AllowDependentLaunch();
+  if (p.stop_after_staging) return;  // no cluster barrier passed yet: every CTA leaves alike
+
+  topk::RowOutput o;
+  o.out = p.topk_indices + query_row * p.topk;
+  o.pages = staged ? smem.slice_pages : table;
+  o.row_table = p.block_table + row * p.max_pages;
+  o.words = ctas > 1 ? topk::AtRank(smem.sorting.words, 0) : smem.sorting.words;
+  o.begin = begin;
+  o.positions = p.positions;
+  o.sorted = p.sorted;
+  const topk::SliceKeys keys{staged ? staged_keys : nullptr, slice_keys, m};
+  topk::SelectRow<kSelectRowsThreads, 0>(s, &smem.sorting, keys, o, static_cast<uint32_t>(p.topk), ctas, rank, tid);
 }
 
 }  // namespace ffi_dsa::sm90

@@ -121,16 +121,22 @@ void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning
   sel.keys = keys;
   // Shared memory for the longest slice the plan gives a CTA, and at least for a row selected alone
   // (slices of longer rows, beyond the caller's bound, read L2).
-  sel.staged_capacity = static_cast<uint32_t>(std::min<int64_t>(
-      kMaxStagedKeys, std::max(SliceLength(planned_tokens, plan.cluster_size), std::min<int64_t>(max_tokens, kSliceKeys))));
+  sel.staged_capacity =
+      StagedCapacity(std::max(SliceLength(planned_tokens, plan.cluster_size), std::min<int64_t>(max_tokens, kSliceKeys)));
   // One cluster per query row. Behind ScorePagesKernel the select CTAs are placed while it still
   // runs and read seq_lens and the block table at once (ScorePagesKernel lets them launch only after
   // its own wait for the stream's previous kernel), then wait for its keys. As the call's first
   // kernel (rows that need no scores) SelectRowsKernel waits before reading anything.
   sel.wait_before_inputs = !score && pdl;
-  Launch(static_cast<unsigned>(a.query_rows() * plan.cluster_size), kSelectThreads,
-         SelectSmemBytes(sel.staged_capacity), stream, plan.cluster_size, score || pdl)
-      .Run(SelectRowsKernel, sel);
+  sel.stop_after_staging = tuning.select_floor && tuning.bin_select;
+  const unsigned grid = static_cast<unsigned>(a.query_rows() * plan.cluster_size);
+  if (tuning.bin_select) {
+    Launch(grid, kSelectRowsThreads, SelectSmemBytes(sel.staged_capacity), stream, plan.cluster_size, score || pdl)
+        .Run(SelectRowsKernel, sel);
+  } else {
+    Launch(grid, kSelectThreads, PassSelectSmemBytes(sel.staged_capacity), stream, plan.cluster_size, score || pdl)
+        .Run(PassSelectRowsKernel, sel);
+  }
 }
 
 }  // namespace ffi_dsa::sm90

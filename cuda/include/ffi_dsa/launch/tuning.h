@@ -20,6 +20,14 @@ struct Tuning {
   // The largest select cluster SelectRowsKernel may use (1, 2, 4, 8 or 16): lets any Hopper GPU run
   // the smaller clusters a part with fewer SMs per GPC would get.
   int max_select_cluster = kMaxSelectCluster;
+  // The split path selects with the bin select (SelectRowsKernel, sm90_bin_select.cuh); off, with
+  // the four-pass select it replaced (PassSelectRowsKernel, sm90_slice_select.cuh), kept for A/B
+  // timing and byte diffs until the fused kernel's tail moves to the bin select too. The same bytes.
+  bool bin_select = true;
+  // A measuring instrument, not a path: SelectRowsKernel stops once its keys are staged and binned
+  // and writes no output, so a benchmark can time the split path's floor (the kernel boundary, the
+  // staging) apart from the select's work. Every other knob gives the same bytes; this one gives none.
+  bool select_floor = false;
 };
 
 inline bool ValidSelectClusterCap(int cap) { return cap == 1 || cap == 2 || cap == 4 || cap == 8 || cap == 16; }
@@ -28,6 +36,8 @@ namespace tuning_detail {
 inline std::atomic<bool> fused{true};
 inline std::atomic<bool> programmatic_launch{true};
 inline std::atomic<int> max_select_cluster{kMaxSelectCluster};
+inline std::atomic<bool> bin_select{true};
+inline std::atomic<bool> select_floor{false};
 }  // namespace tuning_detail
 
 inline Tuning CurrentTuning() {
@@ -35,6 +45,8 @@ inline Tuning CurrentTuning() {
   t.fused = tuning_detail::fused.load(std::memory_order_relaxed);
   t.programmatic_launch = tuning_detail::programmatic_launch.load(std::memory_order_relaxed);
   t.max_select_cluster = tuning_detail::max_select_cluster.load(std::memory_order_relaxed);
+  t.bin_select = tuning_detail::bin_select.load(std::memory_order_relaxed);
+  t.select_floor = tuning_detail::select_floor.load(std::memory_order_relaxed);
   return t;
 }
 
@@ -43,6 +55,8 @@ inline void SetTuning(const Tuning& t) {
   tuning_detail::fused.store(t.fused, std::memory_order_relaxed);
   tuning_detail::programmatic_launch.store(t.programmatic_launch, std::memory_order_relaxed);
   tuning_detail::max_select_cluster.store(t.max_select_cluster, std::memory_order_relaxed);
+  tuning_detail::bin_select.store(t.bin_select, std::memory_order_relaxed);
+  tuning_detail::select_floor.store(t.select_floor, std::memory_order_relaxed);
 }
 
 // The device's select-cluster occupancy with the sizes above the cap taken away.

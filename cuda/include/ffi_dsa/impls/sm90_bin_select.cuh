@@ -1,0 +1,734 @@
+// The exact top-K of one query row's rank keys (rank_key.h) from a histogram of fixed bins
+// (select_bins.h) that the caller builds where the keys first reach shared memory. One CTA or a
+// thread-block cluster (each CTA a contiguous slice of the row); templated on the threads that
+// run it and the barrier they share, so a kernel may run it on all its threads or on a part.
+//
+// After the histogram, two passes over the keys and one emit, placed by scans (never by atomics:
+// the output is in ascending position, ties go to the smaller position, the same bytes every run):
+//   1. ThresholdBin: one block scan of the bins (a cluster: coarse group sums of every CTA, then
+//      the fine bins of the K-th group) gives the bin B of the K-th best key, the keys above it and
+//      how many of B's keys win ("need").
+//   2. MemberPass: per (tile, warp) counts of keys above B and in B, and B's keys ("members")
+//      with their positions in a short list (a cluster: each CTA its own, read by all).
+//   3. Resolve: a bin of one value (NaN, exact zero, or whose members are all equal) needs no
+//      ranking: its first `need` keys by position win. Otherwise every CTA ranks the united list
+//      (all pairs, split over the threads) and marks its winners in place (kWinMark); a list too
+//      long to rank falls back to an exact radix search inside B (RefineInBin).
+//   4. Emit: one block scan of the (tile, warp) counts; a winner's slot is the winners before it
+//      (lower CTAs, lower tiles and warps, lower lanes by ballot). Sorted output: the winners'
+//      (key, position) words are merge-sorted by the cluster's first CTA.
+// The idea of binning where keys are written and ranking only the threshold bin's members follows
+// vLLM's radix top-k; the bins, the marks and the ordered emit are this project's.
+//
+// Control flow that reaches a cluster barrier depends only on row-wide values (the same in every
+// CTA), so every CTA of a cluster passes the same barriers.
+#pragma once
+#include <cooperative_groups.h>
+
+#include <climits>
+#include <cstdint>
+#include <cub/block/block_merge_sort.cuh>
+
+#include "ffi_dsa/contract.h"
+#include "ffi_dsa/impls/sm90_ptx.cuh"
+#include "ffi_dsa/impls/sm90_warp.cuh"
+#include "ffi_dsa/rank_key.h"
+#include "ffi_dsa/select_bins.h"
+
+namespace ffi_dsa::sm90::topk {
+
+namespace cg = cooperative_groups;
+
+constexpr int kMaxRanks = 16;  // the largest cluster the exchanges are written for (sm_90's)
+constexpr uint32_t kGroupBins = 32;  // a cluster exchanges group sums first, then one group's bins
+constexpr uint32_t kGroups = kSelectBins / kGroupBins;
+// Members a row ranks by all pairs (M^2 / threads comparisons each); more go to RefineInBin.
+constexpr uint32_t kMemberCapacity = 512;
+// Written over a member's key when it wins: never a key (rank_key.h maps every NaN to kNaNKey).
+constexpr uint32_t kWinMark = 0xFFFFFFFFu;
+// Keys of one emit chunk: its (tile, warp) counts are packed as two 16-bit halves.
+constexpr uint32_t kChunkKeys = 32768;
+// Tiles whose quads a pass loads before using the first (independent loads in flight).
+constexpr uint32_t kBatchTiles = 4;
+
+template <int kThreads>
+struct Shape {
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr uint32_t kTileKeys = kThreads * 4;  // a quad per thread
+  static constexpr uint32_t kChunkTiles = kChunkKeys / kTileKeys;
+  static constexpr uint32_t kBinsPerThread = kSelectBins / kThreads;
+  static_assert(kThreads % 128 == 0 && kSelectBins % kThreads == 0 && kGroups <= kThreads, "thread roles");
+  static_assert(kChunkTiles * kWarps <= kThreads && kChunkKeys < 65536, "one count per thread, 16-bit halves");
+  static_assert(kChunkTiles * kWarps % 32 == 0 && kChunkTiles * kWarps <= 256, "one warp scans a chunk's counts");
+};
+
+// What a CTA's member pass counted, read by the other CTAs of its cluster.
+struct PassTotals {
+  uint32_t greater;  // keys above the threshold bin
+  uint32_t equal;    // keys in it
+  uint32_t listed;   // of those, appended to the member list (may pass the capacity: then not all)
+  uint32_t lo, hi;   // the smallest and largest key in it
+};
+
+template <int kThreads>
+struct Storage {
+  // Read by the cluster's other CTAs:
+  alignas(16) uint32_t hist[kSelectBins];
+  uint32_t group_sums[kGroups];
+  uint2 members[kMemberCapacity];  // (key, position in the row)
+  PassTotals totals;
+  // Local:
+  uint2 united[kMemberCapacity];  // every CTA's members
+  uint32_t member_rank[kMemberCapacity];
+  uint32_t table[kThreads];  // (tile, warp) counts of the current chunk, then their exclusive prefix
+  uint32_t warp_sums[Shape<kThreads>::kWarps];
+  PassTotals rank_totals[kMaxRanks];
+  uint32_t bin, above, need;  // ThresholdBin's results
+  uint32_t group, group_above;
+  uint32_t digit, digit_above;  // RefineInBin's
+  uint32_t lower_winners;       // winning members before this CTA's slice
+  uint32_t chunk_total;         // the emit's current chunk
+};
+
+// Sorted output: words[0, selected) hold RankWord(key, position) of the winners; the rest is
+// padded with 0 (sorts last). Afterwards words[r] is the r-th best.
+template <int kThreads>
+struct SortStorage {
+  static constexpr int kItems = (kMaxTopK + kThreads - 1) / kThreads;
+  static constexpr int kCapacity = kItems * kThreads;
+  struct Greater {
+    __device__ bool operator()(unsigned long long a, unsigned long long b) const { return a > b; }
+  };
+  using Sort = cub::BlockMergeSort<unsigned long long, kThreads, kItems>;
+  unsigned long long words[kCapacity];
+  typename Sort::TempStorage temp;
+};
+
+// The keys of a CTA's slice: `staged` in shared memory (zero past `count`, to whole tiles), or
+// else `global`, the workspace read through L2 (written by the previous kernel: never through L1;
+// readable to the next multiple of 4 keys past `count`, which is masked).
+struct SliceKeys {
+  uint32_t* staged;
+  uint32_t* global;
+  uint32_t count;
+};
+
+// How the emit decides a key: keys above `above` win; keys equal to `tie_key` (0: none) are ties,
+// of which the first `ties` of the row by position win (ties == 0: no tie is ranked, the fast
+// path); with `marks`, keys equal to kWinMark (members ranked as winners) win.
+struct Cut {
+  uint32_t above, tie_key, ties;
+  bool marks;
+  __device__ __forceinline__ bool Wins(uint32_t key) const { return key > above || (marks && key == kWinMark); }
+  __device__ __forceinline__ bool Ties(uint32_t key) const { return key == tie_key && key != kNotCandidate; }
+};
+
+// Where a winner goes: its id into `out` (unsorted), or its rank word into `words` (sorted).
+struct RowOutput {
+  int32_t* out;             // the query row's K outputs
+  const int32_t* pages;     // the slice's page ids (shared memory, or the block table's row from the slice)
+  const int32_t* row_table; // the row's block-table row (sorted ids)
+  unsigned long long* words;  // the cluster's first CTA's sort buffer (sorted)
+  uint32_t begin;           // the slice's first position in the row
+  bool positions, sorted;
+  __device__ __forceinline__ void Write(uint32_t slot, uint32_t pos, uint32_t key) const {
+    if (sorted) {
+      words[slot] = RankWord(key, begin + pos);
+    } else {
+      out[slot] = positions ? static_cast<int32_t>(begin + pos) : pages[pos / kPageTokens] * kPageTokens + int32_t(pos % kPageTokens);
+    }
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ T* AtRank(T* local, int rank) {
+  return cg::this_cluster().map_shared_rank(local, rank);
+}
+__device__ __forceinline__ void ClusterSync() { cg::this_cluster().sync(); }
+// The two halves of a cluster barrier: arrive once this CTA is done reading the others' shared
+// memory, wait before it exits (so its own stays readable until every CTA has arrived).
+__device__ __forceinline__ void ClusterArrive() { asm volatile("barrier.cluster.arrive.aligned;" ::: "memory"); }
+__device__ __forceinline__ void ClusterWait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+
+template <int kThreads, int kBarrier>
+__device__ __forceinline__ void GroupSync() {
+  if constexpr (kBarrier == 0) {
+    __syncthreads();
+  } else {
+    NamedBarrierSync(kBarrier, kThreads);
+  }
+}
+
+// Exclusive prefix sum over the group's threads in thread order (.x) and the sum (.y): returned,
+// not through a reference (which would put it in local memory: the function is not inlined, one
+// copy serving every caller). Ends with a barrier.
+template <int kThreads, int kBarrier>
+__device__ __noinline__ uint2 ScanSum(uint32_t* warp_sums, uint32_t x, int tid) {
+  constexpr int kWarps = Shape<kThreads>::kWarps;
+  const int warp = tid / 32, lane = tid % 32;
+  const uint32_t incl = WarpInclusiveSum(x);
+  if (lane == 31) warp_sums[warp] = incl;
+  GroupSync<kThreads, kBarrier>();
+  const uint32_t warps = WarpInclusiveSum(lane < kWarps ? warp_sums[lane] : 0u);
+  const uint32_t before = warp > 0 ? __shfl_sync(0xFFFFFFFFu, warps, warp - 1) : 0u;
+  const uint32_t total = __shfl_sync(0xFFFFFFFFu, warps, kWarps - 1);
+  GroupSync<kThreads, kBarrier>();
+  return make_uint2(before + incl - x, total);
+}
+template <int kThreads, int kBarrier>
+__device__ __forceinline__ uint32_t ExclusiveSum(uint32_t* warp_sums, uint32_t x, uint32_t& total, int tid) {
+  const uint2 r = ScanSum<kThreads, kBarrier>(warp_sums, x, tid);
+  total = r.y;
+  return r.x;
+}
+
+template <int kThreads>
+__device__ __forceinline__ uint32_t Tiles(const SliceKeys& keys) {
+  return (keys.count + Shape<kThreads>::kTileKeys - 1) / Shape<kThreads>::kTileKeys;
+}
+
+// Keys [pos, pos + 4) of the slice (kNotCandidate past its end).
+__device__ __forceinline__ uint4 LoadQuad(const SliceKeys& keys, uint32_t pos) {
+  if (keys.staged != nullptr) return *reinterpret_cast<const uint4*>(keys.staged + pos);
+  uint4 q = make_uint4(kNotCandidate, kNotCandidate, kNotCandidate, kNotCandidate);
+  if (pos < keys.count) {
+    q = __ldcg(reinterpret_cast<const uint4*>(keys.global + pos));
+    if (pos + 4 > keys.count) {
+      q.y = pos + 1 < keys.count ? q.y : kNotCandidate;
+      q.z = pos + 2 < keys.count ? q.z : kNotCandidate;
+      q.w = kNotCandidate;
+    }
+  }
+  return q;
+}
+
+// f(tile, position of the quad in the slice, quad) for tiles [first, end) of the slice; thread
+// tid holds the 4 keys at tid * 4 of each tile (a warp's 16-byte loads cover 512 contiguous bytes:
+// no bank conflicts, whole L2 sectors). Every thread walks the same tiles (warp collectives in f
+// stay whole). Staged keys are read a quad per iteration (the other warps hide a shared load);
+// L2 reads go kBatchTiles at a time, so their latencies overlap, with the end checks only in the
+// slice's last tile.
+template <int kThreads, typename F>
+__device__ __forceinline__ void ForEachQuad(const SliceKeys& keys, uint32_t first, uint32_t end, int tid, F&& f) {
+  constexpr uint32_t kTileKeys = Shape<kThreads>::kTileKeys;
+  const uint32_t mine = static_cast<uint32_t>(tid) * 4;
+  if (keys.staged != nullptr) {
+#pragma unroll 1
+    for (uint32_t t = first; t < end; ++t) f(t, t * kTileKeys + mine, *reinterpret_cast<const uint4*>(keys.staged + t * kTileKeys + mine));
+    return;
+  }
+  const uint32_t whole = keys.count / kTileKeys;  // tiles with no key past the slice
+#pragma unroll 1
+  for (uint32_t t = first; t < end; t += kBatchTiles) {
+    const uint32_t batch = min(kBatchTiles, end - t);  // uniform
+    uint4 q[kBatchTiles];
+#pragma unroll
+    for (uint32_t u = 0; u < kBatchTiles; ++u) {
+      const uint32_t pos = (t + u) * kTileKeys + mine;
+      if (u < batch) q[u] = t + u < whole ? __ldcg(reinterpret_cast<const uint4*>(keys.global + pos)) : LoadQuad(keys, pos);
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < kBatchTiles; ++u) {
+      if (u < batch) f(t + u, (t + u) * kTileKeys + mine, q[u]);
+    }
+  }
+}
+
+// ---- 0. the histogram ---------------------------------------------------------------------------
+
+// Before the histogram is built: zero bins, totals and the members' ranks. The caller syncs before
+// the first count.
+template <int kThreads>
+__device__ __forceinline__ void Reset(Storage<kThreads>& s, int tid) {
+#pragma unroll
+  for (uint32_t i = 0; i < Shape<kThreads>::kBinsPerThread; ++i) s.hist[tid + i * kThreads] = 0;
+#pragma unroll 1
+  for (uint32_t i = tid; i < kMemberCapacity; i += kThreads) s.member_rank[i] = 0;
+  if (tid == 0) s.totals = PassTotals{0u, 0u, 0u, UINT_MAX, 0u}, s.lower_winners = 0;
+}
+
+// Counts one key (any candidate) into the histogram.
+template <int kThreads>
+__device__ __forceinline__ void CountKey(Storage<kThreads>& s, uint32_t key) {
+  if (key != kNotCandidate) atomicAdd(&s.hist[SelectBin(key)], 1u);
+}
+
+// ---- 1. the threshold bin -----------------------------------------------------------------------
+
+// One CTA: thread t holds kBinsPerThread bins counted from the top. Each warp sums its bins, and
+// after one barrier every warp knows the counts above it: only the warp whose bins hold the K-th
+// key looks further (its lanes, then the lane's bins). With at most K candidates every one wins:
+// the threshold is the NaN bin, every NaN needed.
+template <int kThreads, int kBarrier>
+__device__ void ThresholdBinLocal(Storage<kThreads>& s, uint32_t topk, int tid) {
+  constexpr uint32_t kPer = Shape<kThreads>::kBinsPerThread;
+  constexpr int kWarps = Shape<kThreads>::kWarps;
+  const int warp = tid / 32, lane = tid % 32;
+  const uint32_t first = kSelectBins - kPer * (tid + 1);
+  uint32_t c[kPer], sum = 0;
+#pragma unroll
+  for (uint32_t i = 0; i < kPer; i += 4) {
+    const uint4 v = *reinterpret_cast<const uint4*>(&s.hist[first + i]);
+    c[i] = v.x, c[i + 1] = v.y, c[i + 2] = v.z, c[i + 3] = v.w;
+    sum += v.x + v.y + v.z + v.w;
+  }
+  const uint32_t warp_total = WarpSum(sum);
+  if (lane == 0) s.warp_sums[warp] = warp_total;
+  GroupSync<kThreads, kBarrier>();
+  const uint32_t w = lane < kWarps ? s.warp_sums[lane] : 0u;
+  const uint32_t total = WarpSum(w);
+  const uint32_t warp_above = __shfl_sync(0xFFFFFFFFu, WarpInclusiveSum(w) - w, warp);  // warps before this one
+  if (total <= topk) {
+    if (tid == 0) s.bin = kNaNBin, s.above = total - s.hist[kNaNBin], s.need = s.hist[kNaNBin];
+  } else if (warp_above < topk && warp_above + warp_total >= topk) {  // this warp's bins hold the K-th key
+    uint32_t above = warp_above + WarpInclusiveSum(sum) - sum;
+    if (above < topk && above + sum >= topk) {
+#pragma unroll
+      for (int i = kPer - 1; i >= 0; --i) {
+        if (above < topk && above + c[i] >= topk) s.bin = first + i, s.above = above, s.need = topk - above;
+        above += c[i];
+      }
+    }
+  }
+  GroupSync<kThreads, kBarrier>();
+}
+
+// Each CTA's group sums, before the cluster barrier that publishes them.
+template <int kThreads>
+__device__ __forceinline__ void GroupSums(Storage<kThreads>& s, int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+#pragma unroll 1
+  for (uint32_t g = warp; g < kGroups; g += Shape<kThreads>::kWarps) {
+    const uint32_t c = WarpSum(s.hist[g * kGroupBins + lane]);
+    if (lane == 0) s.group_sums[g] = c;
+  }
+}
+
+// A cluster, after the barrier that published every CTA's bins and group sums: the group of the
+// K-th key from the group sums of every rank, then its bin from that group's bins of every rank.
+template <int kThreads, int kBarrier>
+__device__ void ThresholdBinCluster(Storage<kThreads>& s, uint32_t topk, int ranks, int tid) {
+  const uint32_t g = kGroups - 1 - tid;  // thread t: the t-th group from the top
+  uint32_t count = 0;
+  if (tid < static_cast<int>(kGroups)) {
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) count += r < ranks ? AtRank(s.group_sums, r)[g] : 0u;
+  }
+  uint32_t total;
+  const uint32_t above = ExclusiveSum<kThreads, kBarrier>(s.warp_sums, count, total, tid);
+  const bool take_all = total <= topk;
+  if (!take_all && tid < static_cast<int>(kGroups) && above < topk && above + count >= topk) {
+    s.group = g, s.group_above = above;
+  }
+  GroupSync<kThreads, kBarrier>();
+  if (tid < 32) {
+    const uint32_t bin = take_all ? kNaNBin : s.group * kGroupBins + (kGroupBins - 1 - tid);  // lane 0: the top
+    uint32_t c = 0;
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) c += r < ranks ? AtRank(s.hist, r)[bin] : 0u;
+    if (take_all) {
+      if (tid == 0) s.bin = kNaNBin, s.above = total - c, s.need = c;
+    } else {
+      const uint32_t a = s.group_above + WarpInclusiveSum(c) - c;
+      if (a < topk && a + c >= topk) s.bin = bin, s.above = a, s.need = topk - a;
+    }
+  }
+  GroupSync<kThreads, kBarrier>();
+}
+
+// ---- 2. the member pass -------------------------------------------------------------------------
+
+// Over the slice: the first chunk's (tile, warp) counts, packed (keys above bin [lo, hi]) << 16 |
+// (keys in it); this CTA's totals; and with `collect` the bin's keys with their row positions.
+template <int kThreads>
+__device__ void MemberPass(Storage<kThreads>& s, const SliceKeys& keys, uint32_t begin, uint32_t lo, uint32_t hi,
+                           bool collect, int tid) {
+  constexpr int kWarps = Shape<kThreads>::kWarps;
+  const int warp = tid / 32, lane = tid % 32;
+  const uint32_t tiles = Tiles<kThreads>(keys);
+  const bool table = tiles <= Shape<kThreads>::kChunkTiles;
+  uint32_t greater = 0, equal = 0;  // this warp's, uniform
+  ForEachQuad<kThreads>(keys, 0, tiles, tid, [&](uint32_t t, uint32_t pos, const uint4& q) {
+    const uint32_t quad[4] = {q.x, q.y, q.z, q.w};
+    uint32_t packed = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t key = quad[i];
+      const bool in = key >= lo && key <= hi;  // lo >= kNaNKey: never a non-candidate
+      packed += (uint32_t(key > hi) << 16) + uint32_t(in);
+      if (collect && in) {
+        const uint32_t j = atomicAdd(&s.totals.listed, 1u);
+        if (j < kMemberCapacity) s.members[j] = make_uint2(key, begin + pos + i);
+        atomicMin(&s.totals.lo, key);
+        atomicMax(&s.totals.hi, key);
+      }
+    }
+    packed = WarpSum(packed);
+    if (table && lane == 0) s.table[t * kWarps + warp] = packed;
+    greater += packed >> 16;
+    equal += packed & 0xFFFFu;
+  });
+  if (lane == 0 && (greater | equal) != 0) {
+    atomicAdd(&s.totals.greater, greater);
+    atomicAdd(&s.totals.equal, equal);
+  }
+}
+
+// ---- 3. resolve ---------------------------------------------------------------------------------
+
+// Every CTA's totals (rank_totals) and the row's; `lower`: the sums over the ranks before `rank`.
+// A cluster: the first warp copies the ranks' totals once; then every warp combines them lane by
+// lane (lane r: rank r) with warp reductions, not a loop over the ranks in every thread.
+template <int kThreads, int kBarrier>
+__device__ PassTotals GatherTotals(Storage<kThreads>& s, int ranks, int rank, PassTotals& lower, int tid) {
+  if (ranks == 1) {  // after the caller's barrier: this CTA's totals are the row's
+    lower = PassTotals{0u, 0u, 0u, UINT_MAX, 0u};
+    return s.totals;
+  }
+  const int lane = tid % 32;
+  if (tid < ranks) s.rank_totals[tid] = *AtRank(&s.totals, tid);
+  GroupSync<kThreads, kBarrier>();
+  const bool mine = lane < ranks, below = lane < rank;
+  const PassTotals t = mine ? s.rank_totals[lane] : PassTotals{0u, 0u, 0u, UINT_MAX, 0u};
+  const PassTotals row{WarpSum(t.greater), WarpSum(t.equal), WarpSum(t.listed), __reduce_min_sync(0xFFFFFFFFu, t.lo),
+                       __reduce_max_sync(0xFFFFFFFFu, t.hi)};
+  lower = PassTotals{WarpSum(below ? t.greater : 0u), WarpSum(below ? t.equal : 0u), WarpSum(below ? t.listed : 0u),
+                     UINT_MAX, 0u};
+  return row;
+}
+
+// A cluster's members into `united`, each CTA's list after the lower ranks'; returns the row's
+// list (one CTA: its own). Ends with a barrier when it copies.
+template <int kThreads, int kBarrier>
+__device__ const uint2* UniteMembers(Storage<kThreads>& s, int ranks, uint32_t count, int tid) {
+  if (ranks == 1) return s.members;
+#pragma unroll 1
+  for (uint32_t j = tid; j < count; j += kThreads) {
+    int from = 0;  // the rank whose entries hold j
+    uint32_t first = 0, start = 0;
+#pragma unroll 1
+    for (int r = 0; r < ranks; ++r) {
+      if (j >= start) from = r, first = start;
+      start += s.rank_totals[r].listed;
+    }
+    s.united[j] = AtRank(s.members, from)[j - first];
+  }
+  GroupSync<kThreads, kBarrier>();
+  return s.united;
+}
+
+// Each member's place in the row's order (key descending, then position ascending) among the
+// members: M x M comparisons, thread t comparing member t / S with a 1/S share of the list (S a
+// power of two, so no division).
+template <int kThreads, int kBarrier>
+__device__ void RankMembers(Storage<kThreads>& s, const uint2* list, uint32_t count, int tid) {
+  // log2 of the largest power of two S with S * count <= kThreads (count >= 1)
+  const int log_shares = max(0, (31 - __clz(kThreads)) - (32 - __clz(count - 1)));
+  const uint32_t i = static_cast<uint32_t>(tid) >> log_shares;
+  if (i < count) {
+    const uint32_t share = static_cast<uint32_t>(tid) & ((1u << log_shares) - 1u);
+    const uint32_t per = (count + (1u << log_shares) - 1u) >> log_shares;
+    const uint2 me = list[i];
+    const uint32_t end = min(count, (share + 1) * per);
+    uint32_t before = 0;
+#pragma unroll 4
+    for (uint32_t j = share * per; j < end; ++j) {
+      const uint2 o = list[j];
+      before += o.x > me.x || (o.x == me.x && o.y < me.y);
+    }
+    atomicAdd(&s.member_rank[i], before);
+  }
+  GroupSync<kThreads, kBarrier>();
+}
+
+// The winning members (rank < need) of this CTA's slice [begin, begin + count) become kWinMark in
+// place, and count in their (tile, warp) entry when the table holds the slice; the winners before
+// the slice go to lower_winners (zeroed by Reset). Sorted output instead: the cluster's first CTA writes every
+// winning member's word after the `greater` winners of the row. Ends with a barrier.
+template <int kThreads, int kBarrier>
+__device__ void MarkWinners(Storage<kThreads>& s, const uint2* list, const SliceKeys& keys, uint32_t begin,
+                            uint32_t count, uint32_t need, bool table, const RowOutput& o, uint32_t row_greater, int rank,
+                            int tid) {
+  constexpr uint32_t kTileKeys = Shape<kThreads>::kTileKeys;
+#pragma unroll 1
+  for (uint32_t j = tid; j < count; j += kThreads) {
+    const uint32_t r = s.member_rank[j];
+    if (r >= need) continue;
+    const uint2 m = list[j];
+    if (o.sorted) {
+      if (rank == 0) o.words[row_greater + r] = RankWord(m.x, m.y);
+      continue;
+    }
+    if (m.y < begin) {
+      atomicAdd(&s.lower_winners, 1u);
+    } else if (m.y - begin < keys.count) {
+      const uint32_t p = m.y - begin;
+      if (keys.staged != nullptr) {
+        keys.staged[p] = kWinMark;
+      } else {
+        __stcg(keys.global + p, kWinMark);
+      }
+      if (table) atomicAdd(&s.table[(p / kTileKeys) * Shape<kThreads>::kWarps + (p % kTileKeys) / 128], 1u << 16);
+    }
+  }
+  GroupSync<kThreads, kBarrier>();
+}
+
+// The exact key T of the need-th best key among the row's keys in [lo, hi] (the threshold bin's
+// observed range), and how many copies of T win: MSB-first 8-bit digits over the bits where lo
+// and hi differ, digit counts summed over the cluster. For bins too crowded to rank; reuses the
+// histogram's first 512 bins (no CTA reads the others' bins any more), by pass parity.
+template <int kThreads, int kBarrier>
+__device__ Cut RefineInBin(Storage<kThreads>& s, const SliceKeys& keys, uint32_t lo, uint32_t hi, uint32_t need,
+                           int ranks, int tid) {
+  const int top = 31 - __clz(lo ^ hi);  // lo < hi
+  int shift = max(0, top - 7);
+  uint32_t prefix = shift + 8 >= 32 ? 0u : lo & ~((1u << (shift + 8)) - 1u);
+  const uint32_t tiles = Tiles<kThreads>(keys);
+#pragma unroll 1
+  for (int pass = 0;; ++pass) {
+    uint32_t* digits = s.hist + 256 * (pass & 1);
+    if (tid < 256) digits[tid] = 0;
+    GroupSync<kThreads, kBarrier>();
+    const uint32_t mask = shift + 8 >= 32 ? 0u : ~((1u << (shift + 8)) - 1u);
+    ForEachQuad<kThreads>(keys, 0, tiles, tid, [&](uint32_t, uint32_t, const uint4& q) {
+      const uint32_t quad[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (quad[i] >= lo && quad[i] <= hi && (quad[i] & mask) == prefix) atomicAdd(&digits[(quad[i] >> shift) & 255u], 1u);
+      }
+    });
+    if (ranks > 1) ClusterSync(); else GroupSync<kThreads, kBarrier>();
+    const uint32_t d = 255 - tid;  // thread t: the t-th digit from the top
+    uint32_t c = 0;
+    if (tid < 256) {
+#pragma unroll 1
+      for (int r = 0; r < ranks; ++r) c += ranks > 1 ? AtRank(digits, r)[d] : digits[d];
+    }
+    uint32_t total;
+    const uint32_t above = ExclusiveSum<kThreads, kBarrier>(s.warp_sums, tid < 256 ? c : 0u, total, tid);
+    if (tid < 256 && above < need && above + c >= need) s.digit = d, s.digit_above = above, s.group = c;
+    GroupSync<kThreads, kBarrier>();
+    prefix |= s.digit << shift;
+    need -= s.digit_above;
+    const uint32_t copies = s.group;
+    GroupSync<kThreads, kBarrier>();
+    if (shift == 0) return need == copies ? Cut{prefix - 1u, 0u, 0u, false} : Cut{prefix, prefix, need, false};
+    shift = max(0, shift - 8);
+  }
+}
+
+// ---- 4. emit -------------------------------------------------------------------------------------
+
+// Every winner of the slice to its slot: `lower_greater` / `lower_equal` winners above the cut /
+// ties of the row before this slice (the fast path adds them into one count). With `table_ready`
+// the table already holds the slice's (tile, warp) counts (one chunk); else each chunk is counted
+// first. Ends with a barrier.
+template <int kThreads, int kBarrier>
+__device__ void Emit(Storage<kThreads>& s, const SliceKeys& keys, const Cut& cut, bool table_ready,
+                     uint32_t lower_greater, uint32_t lower_equal, uint32_t topk, const RowOutput& o, int tid) {
+  constexpr int kWarps = Shape<kThreads>::kWarps;
+  constexpr uint32_t kChunkTiles = Shape<kThreads>::kChunkTiles;
+  const int warp = tid / 32, lane = tid % 32;
+  const bool fast = cut.ties == 0;
+  const uint32_t below = LaneMaskLt();
+  const uint32_t tiles = Tiles<kThreads>(keys);
+  uint32_t carry_g = lower_greater, carry_e = lower_equal;
+  auto counts = [&](const uint4& q) {
+    auto one = [&](uint32_t key) { return (uint32_t(cut.Wins(key)) << 16) + uint32_t(cut.Ties(key)); };
+    return one(q.x) + one(q.y) + one(q.z) + one(q.w);
+  };
+#pragma unroll 1
+  for (uint32_t c0 = 0; c0 < tiles; c0 += kChunkTiles) {
+    const uint32_t ct = min(kChunkTiles, tiles - c0);
+    if (!table_ready) {
+      ForEachQuad<kThreads>(keys, c0, c0 + ct, tid, [&](uint32_t t, uint32_t, const uint4& q) {
+        const uint32_t x = WarpSum(counts(q));
+        if (lane == 0) s.table[(t - c0) * kWarps + warp] = x;
+      });
+      GroupSync<kThreads, kBarrier>();
+    }
+    // The chunk's exclusive prefix, by the first warp alone (at most 256 entries: 8 a lane).
+    if (warp == 0) {
+      constexpr uint32_t kPerLane = kChunkTiles * kWarps / 32;
+      const uint32_t entries = ct * kWarps;
+      uint32_t v[kPerLane], sum = 0;
+#pragma unroll
+      for (uint32_t i = 0; i < kPerLane; ++i) {
+        const uint32_t e = lane * kPerLane + i;
+        const uint32_t x = e < entries ? s.table[e] : 0u;
+        v[i] = fast ? x >> 16 : x;
+        sum += v[i];
+      }
+      const uint32_t incl = WarpInclusiveSum(sum);
+      uint32_t before = incl - sum;
+#pragma unroll
+      for (uint32_t i = 0; i < kPerLane; ++i) {
+        const uint32_t e = lane * kPerLane + i;
+        if (e < entries) s.table[e] = before;
+        before += v[i];
+      }
+      if (lane == 31) s.chunk_total = incl;
+    }
+    GroupSync<kThreads, kBarrier>();
+    const uint32_t chunk_total = s.chunk_total;
+    ForEachQuad<kThreads>(keys, c0, c0 + ct, tid, [&](uint32_t t, uint32_t pos, const uint4& q) {
+      const uint32_t quad[4] = {q.x, q.y, q.z, q.w};
+      const uint32_t entry = s.table[(t - c0) * kWarps + warp];
+      if (fast) {
+        bool wins[4];
+        uint32_t slot = carry_g + entry;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          wins[i] = cut.Wins(quad[i]);
+          slot += __popc(__ballot_sync(0xFFFFFFFFu, wins[i]) & below);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if (wins[i] && slot < topk) o.Write(slot, pos + i, quad[i]);
+          slot += wins[i];
+        }
+      } else {
+        const uint32_t x = counts(q);
+        const uint32_t before = entry + WarpInclusiveSum(x) - x;
+        uint32_t greater = carry_g + (before >> 16), equal = carry_e + (before & 0xFFFFu);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const bool wins = cut.Wins(quad[i]), ties = cut.Ties(quad[i]);
+          const uint32_t slot = wins ? greater + min(equal, cut.ties) : greater + equal;
+          if ((wins || (ties && equal < cut.ties)) && slot < topk) o.Write(slot, pos + i, quad[i]);
+          greater += wins;
+          equal += ties;
+        }
+      }
+    });
+    if (fast) {
+      carry_g += chunk_total;
+    } else {
+      carry_g += chunk_total >> 16;
+      carry_e += chunk_total & 0xFFFFu;
+    }
+    GroupSync<kThreads, kBarrier>();  // the table is rewritten by the next chunk
+  }
+}
+
+template <int kThreads, int kBarrier>
+__device__ void SortDescending(SortStorage<kThreads>& s, uint32_t selected, int tid) {
+  using Sort = SortStorage<kThreads>;
+  for (int i = selected + tid; i < Sort::kCapacity; i += kThreads) s.words[i] = 0ull;
+  GroupSync<kThreads, kBarrier>();
+  unsigned long long items[Sort::kItems];
+#pragma unroll
+  for (int i = 0; i < Sort::kItems; ++i) items[i] = s.words[tid * Sort::kItems + i];
+  GroupSync<kThreads, kBarrier>();
+  typename Sort::Sort(s.temp).Sort(items, typename Sort::Greater());  // distinct words: stability moot
+#pragma unroll
+  for (int i = 0; i < Sort::kItems; ++i) s.words[tid * Sort::kItems + i] = items[i];
+  GroupSync<kThreads, kBarrier>();
+}
+
+// ---- the row ------------------------------------------------------------------------------------
+
+// This CTA's (wins, ties) under `cut` as its totals, exchanged over the cluster: the lower ranks'
+// sums (RefineInBin's cut, which the member pass did not count).
+template <int kThreads, int kBarrier>
+__device__ PassTotals RecountTotals(Storage<kThreads>& s, const SliceKeys& keys, const Cut& cut, int ranks, int rank,
+                                    int tid) {
+  if (tid == 0) s.totals.greater = 0, s.totals.equal = 0;
+  GroupSync<kThreads, kBarrier>();
+  uint32_t g = 0, e = 0;
+  ForEachQuad<kThreads>(keys, 0, Tiles<kThreads>(keys), tid, [&](uint32_t, uint32_t, const uint4& q) {
+    const uint32_t quad[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) g += cut.Wins(quad[i]), e += cut.Ties(quad[i]);
+  });
+  g = WarpSum(g), e = WarpSum(e);
+  if (tid % 32 == 0) atomicAdd(&s.totals.greater, g), atomicAdd(&s.totals.equal, e);
+  if (ranks > 1) ClusterSync(); else GroupSync<kThreads, kBarrier>();
+  PassTotals lower;
+  GatherTotals<kThreads, kBarrier>(s, ranks, rank, lower, tid);
+  return lower;
+}
+
+// When every copy of a single-valued threshold bin wins, the member pass's (above, in) counts of
+// the table become one winner count.
+template <int kThreads, int kBarrier>
+__device__ void FoldTable(Storage<kThreads>& s, uint32_t entries, int tid) {
+  if (static_cast<uint32_t>(tid) < entries) {
+    const uint32_t v = s.table[tid];
+    s.table[tid] = ((v >> 16) + (v & 0xFFFFu)) << 16;
+  }
+  GroupSync<kThreads, kBarrier>();
+}
+
+// The exact top-K of a query row from this CTA's slice of it (`ranks` CTAs, this one `rank`), once
+// the slice's histogram is built (Reset, CountKey, then a barrier; a cluster's bins not yet
+// published). `sort`: the cluster's first CTA's sort storage (sorted output; o.words points there).
+template <int kThreads, int kBarrier>
+__device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, const SliceKeys& keys, const RowOutput& o,
+                          uint32_t topk, int ranks, int rank, int tid) {
+  if (ranks > 1) {
+    GroupSums(s, tid);
+    ClusterSync();  // every CTA's bins and group sums
+    ThresholdBinCluster<kThreads, kBarrier>(s, topk, ranks, tid);
+  } else {
+    ThresholdBinLocal<kThreads, kBarrier>(s, topk, tid);
+  }
+  const uint32_t bin = s.bin, need = s.need;
+  const uint32_t selected = min(topk, s.above + need);
+  const uint32_t lo = SelectBinLowKey(bin), hi = SelectBinHighKey(bin);
+  const bool single = SingleValueBin(bin);
+  MemberPass<kThreads>(s, keys, o.begin, lo, hi, !single, tid);
+  if (ranks > 1) ClusterSync(); else GroupSync<kThreads, kBarrier>();  // every CTA's totals and members
+  PassTotals lower;
+  const PassTotals row = GatherTotals<kThreads, kBarrier>(s, ranks, rank, lower, tid);
+  const uint32_t entries = Tiles<kThreads>(keys) * Shape<kThreads>::kWarps;
+  const bool table = Tiles<kThreads>(keys) <= Shape<kThreads>::kChunkTiles;
+  bool table_ready = table;
+  Cut cut;
+  uint32_t lower_greater = lower.greater, lower_equal = lower.equal;
+  if (single || row.lo == row.hi) {  // one value: its first `need` copies by position win
+    const uint32_t value = single ? lo : row.lo;
+    if (need == row.equal) {
+      cut = Cut{value - 1u, 0u, 0u, false};
+      lower_greater += lower_equal;
+      if (table) FoldTable<kThreads, kBarrier>(s, entries, tid);
+    } else {
+      cut = Cut{value, value, need, false};
+    }
+  } else if (row.listed <= kMemberCapacity) {  // rank the members, mark the winners
+    const uint2* list = UniteMembers<kThreads, kBarrier>(s, ranks, row.listed, tid);
+    RankMembers<kThreads, kBarrier>(s, list, row.listed, tid);
+    MarkWinners<kThreads, kBarrier>(s, list, keys, o.begin, row.listed, need, table, o, row.greater, rank, tid);
+    cut = Cut{hi, 0u, 0u, !o.sorted};
+    if (!o.sorted) lower_greater += s.lower_winners;
+  } else {  // too many members: the exact threshold inside the bin
+    cut = RefineInBin<kThreads, kBarrier>(s, keys, row.lo, row.hi, need, ranks, tid);
+    const PassTotals recount = RecountTotals<kThreads, kBarrier>(s, keys, cut, ranks, rank, tid);
+    lower_greater = recount.greater, lower_equal = recount.equal;
+    if (cut.ties == 0) lower_greater += lower_equal;
+    table_ready = false;
+  }
+  if (ranks > 1 && !o.sorted) ClusterArrive();  // done reading the other CTAs' shared memory
+  Emit<kThreads, kBarrier>(s, keys, cut, table_ready, lower_greater, lower_equal, topk, o, tid);
+  if (!o.sorted) {
+#pragma unroll 1
+    for (uint32_t i = selected + rank * kThreads + tid; i < topk; i += ranks * kThreads) o.out[i] = -1;
+    if (ranks > 1) ClusterWait();
+    return;
+  }
+  if (ranks > 1) ClusterSync(); else GroupSync<kThreads, kBarrier>();  // every winner's word is in place
+  if (rank != 0) return;
+  SortDescending<kThreads, kBarrier>(*sort, selected, tid);
+#pragma unroll 1
+  for (uint32_t i = tid; i < topk; i += kThreads) {
+    int32_t id = -1;
+    if (i < selected) {
+      const uint32_t t = RankWordPosition(sort->words[i]);
+      id = o.positions ? static_cast<int32_t>(t) : GlobalTokenId(o.row_table, t);
+    }
+    o.out[i] = id;
+  }
+}
+
+}  // namespace ffi_dsa::sm90::topk
