@@ -42,6 +42,12 @@ inline void PrepareMxfp4QueryF32(const QueryRowView& v, Mxfp4QueryF32<kHeads>* o
   FillMxfp4ScalesAndWeights<kHeads>(v, out);
 }
 
+// A block sum times its two scales, 2^(sq - 127) * 2^(sk - 127) first: that product is exactly
+// 2^(sq + sk - 254) whenever that is a float32 value (either factor alone may be far from it:
+// 2^123 * 2^-123), and then so is its product with the sum whenever that is one. Every variant
+// multiplies in this order (the SIMD ones inline it on vectors).
+inline float ScaleBlockSum(float block_sum, float q_scale, float k_scale) { return block_sum * (q_scale * k_scale); }
+
 // The block scales of a page's 64 tokens, [token][block] (each variant reads those of the tokens it decodes).
 inline void DecodePageScales(const uint8_t* page, float (*scale)[kMxfp4Blocks]) {
   const uint8_t* bytes = page + kMxfp4PageValueBytes;

@@ -39,7 +39,7 @@ inline void ScoreMxfp4Decoded(const Mxfp4PreparedQuery<kHeads>& pq, const float 
       }
       for (int i = 0; i < kTokenBlock; ++i) {
         const float ks = scale[t0 + i][c];
-        for (int h = 0; h < kHeads; ++h) logit[i][h] += acc[i][h] * pq.q_scale[c][h] * ks;
+        for (int h = 0; h < kHeads; ++h) logit[i][h] += ScaleBlockSum(acc[i][h], pq.q_scale[c][h], ks);
       }
     }
     for (int i = 0; i < kTokenBlock && t0 + i < count; ++i) {

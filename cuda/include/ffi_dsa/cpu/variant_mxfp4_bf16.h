@@ -77,7 +77,7 @@ FFI_DSA_CPU_TARGET inline void Mxfp4LogitsBlock(const Mxfp4PreparedQuery<kHeads>
         const __m512 ks = _mm512_set1_ps(k->scale[i][c]);
 #pragma GCC unroll 4
         for (int j = 0; j < kVecs; ++j) {
-          const __m512 part = _mm512_mul_ps(_mm512_mul_ps(acc[i][j], qs[j]), ks);  // exact: powers of two
+          const __m512 part = _mm512_mul_ps(acc[i][j], _mm512_mul_ps(qs[j], ks));  // ScaleBlockSum's order
           total[i][j] = c == 0 ? part : _mm512_add_ps(total[i][j], part);
         }
       }

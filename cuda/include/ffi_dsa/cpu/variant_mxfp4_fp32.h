@@ -3,7 +3,7 @@
 // values of kLanes / 2 bytes to float32). FP8's register blocks (kTokensPerBlock tokens x
 // kVecsPerBlock<H> head vectors, heads as lanes, tokens broadcast), run once per 32-element block:
 // E2M1 products are exact in float32 and a block's 32 of them add exactly, so each block sum is
-// exact before its two scales (powers of two) multiply it.
+// exact before its two scales (powers of two) multiply it, their product first (mxfp4_query.h).
 // No include guard: included once per variant namespace (mxfp4_simd.h).
 
 template <int kHeads>
@@ -41,7 +41,7 @@ FFI_DSA_CPU_TARGET inline void Mxfp4LogitsBlock(const Mxfp4PreparedQuery<kHeads>
 #pragma GCC unroll 8
         for (int j = 0; j < kVecs; ++j) {
           float* out = logits + i * kHeads + h0 + j * kLanes;
-          const VecF part = acc[i][j] * LoadF(&pq.q_scale[c][h0 + j * kLanes]) * ks;  // exact: powers of two
+          const VecF part = acc[i][j] * (LoadF(&pq.q_scale[c][h0 + j * kLanes]) * ks);  // ScaleBlockSum
           StoreF(out, c == 0 ? part : LoadF(out) + part);
         }
       }
