@@ -40,6 +40,8 @@ class CpuFunctions(NamedTuple):
     contract_constants: Callable[[], Mapping[str, int]]
     # op -> its `ids` values, the default first
     contract_ids: Callable[[], Mapping[str, Sequence[str]]]
+    # E2M1's magnitudes by code 0..7 (mxfp4_e2m1.h)
+    contract_e2m1_magnitudes: Callable[[], Sequence[float]]
     # the CUDA archs the sources hold kernels for ("sm_90a"), and (arch, query rows B * N,
     # max_pages) -> bytes of scratch a CUDA decode call takes there (cuda_archs.h)
     cuda_archs: Callable[[], Sequence[str]]
@@ -70,6 +72,7 @@ SCHEMAS = {
         "mxfp4_topk_indexer_check_shapes": _CHECK_SHAPES,
         "contract_constants": "Callable[[], Map[str, int]]",
         "contract_ids": "Callable[[], Map[str, Array[str]]]",
+        "contract_e2m1_magnitudes": "Callable[[], Array[float]]",
         "cuda_archs": "Callable[[], Array[str]]",
         "workspace_bytes": "Callable[[str, int, int], int]",
         "set_cpu_kernel": "Callable[[str], str]",

@@ -29,6 +29,8 @@ MXFP4_PAGE_VALUE_BYTES: int = _CONSTANTS["mxfp4_page_value_bytes"]  # a page's v
 MXFP4_PAGE_BYTES: int = _CONSTANTS["mxfp4_page_bytes"]      # ... then 64 tokens x 4 scale bytes
 UE8M0_BIAS: int = _CONSTANTS["ue8m0_bias"]                  # byte b scales by 2 ** (b - UE8M0_BIAS) ...
 UE8M0_NAN: int = _CONSTANTS["ue8m0_nan"]                    # ... except this byte, NaN
+# E2M1's magnitudes by code 0..7 (a nibble's bits 2..0; bit 3 is the sign): 0, 0.5, 1, 1.5, 2, 3, 4, 6
+E2M1_MAGNITUDES: tuple[float, ...] = tuple(float(v) for v in cpu().contract_e2m1_magnitudes())
 
 # Each op's `ids` values, the default first (contract.h: kDecodeIds, kPrefillIds).
 _IDS = {str(op): tuple(str(name) for name in names) for op, names in cpu().contract_ids().items()}
@@ -38,4 +40,5 @@ MXFP4_IDS: tuple[str, ...] = _IDS["mxfp4_topk_indexer"]      # decode's
 
 __all__ = ["NUM_HEADS", "NUM_HEADS_NARROW", "SUPPORTED_HEADS", "MAX_QUERIES", "HEAD_DIM", "PAGE_TOKENS", "TOKEN_BYTES", "PAGE_FP8_BYTES", "PAGE_BYTES", "MAX_TOPK",
            "DEFAULT_TOPK", "DECODE_IDS", "PREFILL_IDS", "MXFP4_IDS", "MXFP4_BLOCK", "MXFP4_BLOCKS", "MXFP4_HEAD_BYTES",
-           "MXFP4_TOKEN_BYTES", "MXFP4_PAGE_VALUE_BYTES", "MXFP4_PAGE_BYTES", "UE8M0_BIAS", "UE8M0_NAN"]
+           "MXFP4_TOKEN_BYTES", "MXFP4_PAGE_VALUE_BYTES", "MXFP4_PAGE_BYTES", "UE8M0_BIAS", "UE8M0_NAN",
+           "E2M1_MAGNITUDES"]

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .contract import (HEAD_DIM, MXFP4_BLOCK, MXFP4_BLOCKS, MXFP4_HEAD_BYTES, MXFP4_PAGE_BYTES,
+from .contract import (E2M1_MAGNITUDES, HEAD_DIM, MXFP4_BLOCK, MXFP4_BLOCKS, MXFP4_HEAD_BYTES, MXFP4_PAGE_BYTES,
                        MXFP4_PAGE_VALUE_BYTES, MXFP4_TOKEN_BYTES, PAGE_TOKENS, UE8M0_BIAS, UE8M0_NAN)
 
-E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # by magnitude code 0..7
+E2M1_VALUES = np.array(E2M1_MAGNITUDES)  # by magnitude code 0..7
 E2M1_MAX = float(E2M1_VALUES[-1])
 _MIDPOINTS = (E2M1_VALUES[1:] + E2M1_VALUES[:-1]) / 2
 _MIN_BYTE, _MAX_BYTE = 1, UE8M0_NAN - 1

@@ -34,7 +34,8 @@ def reference_mxfp4_scores(q, q_scale, k_cache, weights, seq_lens, block_table, 
     (the tolerance's second term), is over the same exact sums."""
     qf = dequantized_queries(q, q_scale)
     rows_count, heads = qf.shape[:2]
-    queries = to_numpy(q).shape[1] if to_numpy(q).ndim == 4 else 1
+    q_shape = tuple(q.shape)
+    queries = q_shape[1] if len(q_shape) == 4 else 1
     w = to_numpy(weights).astype(np.float64).reshape(rows_count, heads)
     table = to_numpy(block_table).astype(np.int64)
     codes, scale_bytes = unpack_mxfp4_k_cache(k_cache)

@@ -14,6 +14,7 @@
 #include "ffi_dsa/cpu/mxfp4_cpu.h"
 #include "ffi_dsa/cpu/prefill_cpu.h"
 #include "ffi_dsa/cuda_archs.h"
+#include "ffi_dsa/mxfp4_e2m1.h"
 #include "ffi_dsa/validate/common.h"
 #include "ffi_dsa/validate/decode.h"
 #include "ffi_dsa/validate/mxfp4.h"
@@ -83,6 +84,13 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> ContractConstants() {
           {"mxfp4_page_value_bytes", ffi_dsa::kMxfp4PageValueBytes},
           {"mxfp4_page_bytes", ffi_dsa::kMxfp4PageBytes},
           {"ue8m0_bias", ffi_dsa::kUe8m0Bias},    {"ue8m0_nan", ffi_dsa::kUe8m0NaN}};
+}
+
+// mxfp4_e2m1.h's E2M1 magnitudes by code (0, 0.5, ..., 6), for ffi_dsa/contract.py likewise.
+Array<double> ContractE2M1Magnitudes() {
+  Array<double> values;
+  for (const float v : ffi_dsa::kE2M1Magnitudes) values.push_back(v);
+  return values;
 }
 
 // contract.h's names of each op's `ids` values (default first), for the same reason.
@@ -161,6 +169,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(prefill_topk_indexer_check_shapes, PrefillTopkInde
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(contract_constants, ContractConstants);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(contract_ids, ContractIds);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(contract_e2m1_magnitudes, ContractE2M1Magnitudes);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cuda_archs, CudaArchs);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(workspace_bytes, WorkspaceBytes);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(set_cpu_kernel, SetCpuKernel);
