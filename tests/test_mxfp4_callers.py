@@ -112,12 +112,18 @@ pytest.importorskip("jax_tvm_ffi")
 import jax.numpy as jnp  # noqa: E402
 
 jitted = jax.jit(ffi_dsa.mxfp4_topk_indexer, static_argnames=("topk", "sorted", "ids", "max_seq_len"))
+CPU = jax.devices("cpu")[0]
+
+
+def on_cpu(arrays):
+    """JAX arrays on the CPU (JAX's default device may be a GPU, where the op has no kernel yet)."""
+    return [jax.device_put(jnp.asarray(a), CPU) for a in arrays]
 
 
 @pytest.mark.parametrize("form", FORMS, ids=FORM_IDS)
 def test_jax_eager_and_jit(form):
     batch = batch_of(form, seed=5)
-    args = [jnp.asarray(a) for a in batch.args()]
+    args = on_cpu(batch.args())
     got = ffi_dsa.mxfp4_topk_indexer(*args, topk=K)
     assert isinstance(got, jax.Array)
     assert_same(got, batch)
@@ -126,7 +132,7 @@ def test_jax_eager_and_jit(form):
 
 
 def test_jax_trace_time_errors_name_the_argument():
-    args = [jnp.asarray(a) for a in batch_of(FORMS[0], seed=6).args()]
+    args = on_cpu(batch_of(FORMS[0], seed=6).args())
     args[1] = args[1][:, :32]
     with pytest.raises(ValueError, match=r"^q_scale dimension 1 must be 64"):
         jitted(*args, topk=K)
@@ -137,8 +143,8 @@ def test_jax_vmap_over_batches_sharing_the_cache():
     the answer of its own call."""
     first, second = batch_of(FORMS[1], seed=7), batch_of(FORMS[1], seed=8)
     second.k_cache = first.k_cache  # shared cache (same shapes: same lengths)
-    stacked = [jnp.stack([jnp.asarray(a), jnp.asarray(b)]) for a, b in zip(first.args(), second.args())]
-    cache = jnp.asarray(first.k_cache)
+    stacked = on_cpu(np.stack([a, b]) for a, b in zip(first.args(), second.args()))
+    (cache,) = on_cpu([first.k_cache])
     fn = jax.vmap(lambda q, qs, w, s, bt: ffi_dsa.mxfp4_topk_indexer(q, qs, cache, w, s, bt, topk=K))
     got = np.asarray(fn(stacked[0], stacked[1], stacked[3], stacked[4], stacked[5]))
     assert_same(got[0], first)

@@ -201,10 +201,10 @@ def test_repeated_calls_give_the_same_bytes():
 def test_every_variant_gives_the_reference_bytes_on_exact_data():
     batch = make_exact_mxfp4_batch([3000, 2049, 64], seed=13, queries=3, heads=NUM_HEADS_NARROW, active_dims=6)
     expected = ffi_dsa.reference_mxfp4(*batch.args(), topk=1024)
-    previous = ffi_dsa.cpu_kernel()
+    previous = ffi_dsa.set_cpu_kernel(KERNELS[0])
     try:
         for name in KERNELS:
             ffi_dsa.set_cpu_kernel(name)
             np.testing.assert_array_equal(run_mxfp4(batch, 1024), expected, err_msg=name)
     finally:
-        ffi_dsa.set_cpu_kernel("auto" if previous == ffi_dsa.cpu_kernels()[-1] else previous)
+        ffi_dsa.set_cpu_kernel(previous)
