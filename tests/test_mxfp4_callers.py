@@ -194,7 +194,8 @@ def test_jax_over_a_4_device_mesh(tmp_path):
 def test_tvm_globals_are_dps(sorted_, ids):
     tvm_relax.register_global_funcs()
     name = tvm_relax.global_name(mxfp4.OP, sorted=sorted_, ids=ids)
-    assert name == "ffi_dsa.mxfp4_topk_indexer" + ("_sorted" if sorted_ else "") + ("_positions" if ids != "slots" else "")
+    suffix = ("_sorted" if sorted_ else "") + ("_positions" if ids != "slots" else "")
+    assert name == "ffi_dsa.mxfp4_topk_indexer" + suffix
     batch = batch_of(FORMS[1], seed=10)
     out = np.full(batch.output_shape(K), SENTINEL, np.int32)
     assert tvm_ffi.get_global_func(name)(*batch.args(), out) is None

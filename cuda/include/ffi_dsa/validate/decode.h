@@ -150,7 +150,8 @@ inline IndexerShape CheckIndexerMeta(const ArgMeta& q, const ArgMeta& k_cache, c
 
   IndexerShape s = PagedQueryShape(q, kHeadDim, "head dim");
   CheckNotOtherPageFormat(k_cache, kMxfp4TokenBytes, "MXFP4 pages",
-                          "FP8 pages of 132 bytes per token: call ffi_dsa.mxfp4_call / mxfp4_topk_indexer for MXFP4 pages");
+                          "FP8 pages of 132 bytes per token: call ffi_dsa.mxfp4_call / mxfp4_topk_indexer for "
+                          "MXFP4 pages");
   CheckPageDims(k_cache, kTokenBytes, "128 fp8 bytes + 4 scale bytes");
   CheckRowArgDims(s, weights, seq_lens, block_table, topk_indices);
   CheckPlacements({&q, &k_cache, &weights, &seq_lens, &block_table, &topk_indices});
