@@ -1,6 +1,7 @@
 // Run-time choice of the CPU scoring variant: the best one this CPU supports, unless the caller
 // forces one (SetCpuKernel, exported to Python as ffi_dsa.set_cpu_kernel; the tests force each).
-// The choice is read on every call, so it can change between calls of one process.
+// The choice is read on every call, so it can change between calls of one process. It serves every
+// page format: this file maps it to the FP8 kernels, mxfp4_cpu.h to the MXFP4 ones.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -74,7 +75,6 @@ inline CpuKernel ActiveCpuKernel() {
   const int forced = ForcedCpuKernel().load(std::memory_order_relaxed);
   return forced == kAutoKernel ? BestCpuKernel() : static_cast<CpuKernel>(forced);
 }
-
 
 // An FP8 variant's work-item scoring: its query preparation reads a row's q and weights alone.
 template <typename Query, void (*Prepare)(const uint8_t*, const float*, Query*),
