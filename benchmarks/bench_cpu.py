@@ -12,8 +12,11 @@ ffi_dsa.check_topk under the contract's tolerance (docs/contract.md) (the naive 
 ffi_dsa is timed with numpy inputs and, when torch is importable, with torch CPU tensors too.
 --kernels times the numpy version once per CPU scoring variant (ffi_dsa.set_cpu_kernel before each
 call, outside the timed region), each labelled with the variant it ran; the default is the one
-"auto" picks. The load average before and after is printed (other processes on a 2-core machine
-change every number).
+"auto" picks. The MXFP4 op (ffi_dsa.mxfp4_call, docs/contract.md §9) is timed beside it on an MXFP4
+batch of the same rows, lengths, N and H (ffi_dsa.mxfp4_workloads, same seed), once per variant
+timed, checked with ffi_dsa.check_mxfp4_topk, and its time is printed as a ratio to the FP8 op's of
+the same variant (--no-mxfp4 leaves it out). The load average before and after is printed (other
+processes on a 2-core machine change every number).
 Exit code: 1 when a check fails, 2 when --min-speedup is given and not met, else 0.
 """
 
@@ -35,6 +38,7 @@ import ffi_dsa  # noqa: E402
 from ffi_dsa.contract import DEFAULT_TOPK as TOPK  # noqa: E402
 from ffi_dsa.contract import NUM_HEADS, SUPPORTED_HEADS  # noqa: E402
 from ffi_dsa.demo import cpu_name  # noqa: E402
+from ffi_dsa.mxfp4_workloads import make_mxfp4_batch  # noqa: E402
 from ffi_dsa.workloads import make_batch  # noqa: E402
 
 
@@ -52,6 +56,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch.set_num_threads for the naive version (default: torch's own choice)")
     parser.add_argument("--no-naive", action="store_true", help="time ffi_dsa only")
+    parser.add_argument("--no-mxfp4", action="store_true", help="leave out the MXFP4 op's rows")
     parser.add_argument("--kernels", default="auto",
                         help="CPU scoring variants to time, comma-separated, or 'all' (default: auto)")
     parser.add_argument("--min-speedup", type=float, default=None,
@@ -62,6 +67,7 @@ def main(argv=None) -> int:
     lens = np.full(a.batch, a.tokens, dtype=np.int32)
     t0 = time.perf_counter()
     batch = make_batch(lens, seed=a.seed, queries=a.queries, heads=a.heads)
+    mxfp4_batch = None if a.no_mxfp4 else make_mxfp4_batch(lens, seed=a.seed, queries=a.queries, heads=a.heads)
     gen_s = time.perf_counter() - t0
     tokens = batch.tokens
     machine = f"{os.cpu_count()} cores, {cpu_name()}, Python {platform.python_version()}"
@@ -79,7 +85,10 @@ def main(argv=None) -> int:
 
     def record(name: str, times: list[float], out, sorted_check: bool) -> None:
         nonlocal failed
-        problems = ffi_dsa.check_topk(out, *batch.args(), sorted=sorted_check)
+        if name in mxfp4_names:
+            problems = ffi_dsa.check_mxfp4_topk(out, *mxfp4_batch.args(), sorted=sorted_check)
+        else:
+            problems = ffi_dsa.check_topk(out, *batch.args(), sorted=sorted_check)
         failed |= bool(problems)
         med = statistics.median(times)
         results[name] = {
@@ -98,6 +107,15 @@ def main(argv=None) -> int:
         out_k = np.full(batch.output_shape(TOPK), -7, dtype=np.int32)
         versions[_numpy_version(kernel, auto)] = (lambda k=kernel: ffi_dsa.set_cpu_kernel(k),
                                                   lambda o=out_k: ffi_dsa.call(*args_np, o), lambda o=out_k: o, False)
+    mxfp4_names: dict[str, str] = {}  # MXFP4 version -> the FP8 version of the same variant
+    if mxfp4_batch is not None:
+        args_mx = mxfp4_batch.args()
+        for kernel in kernels:
+            out_m = np.full(mxfp4_batch.output_shape(TOPK), -7, dtype=np.int32)
+            name = f"ffi_dsa mxfp4 (numpy) [{kernel}{', auto' if kernel == auto else ''}]"
+            mxfp4_names[name] = _numpy_version(kernel, auto)
+            versions[name] = (lambda k=kernel: ffi_dsa.set_cpu_kernel(k),
+                              lambda o=out_m: ffi_dsa.mxfp4_call(*args_mx, o), lambda o=out_m: o, False)
     use_auto = lambda: ffi_dsa.set_cpu_kernel("auto")  # noqa: E731
 
     torch = None
@@ -142,13 +160,17 @@ def main(argv=None) -> int:
     naive_name = next((k for k in results if k.startswith("naive")), None)
     base = results[naive_name]["median_us"] if naive_name else None
     print()
-    print(f"  {'version':<36} {'median us':>12} {'min us':>12} {'tokens/s':>11} {'speed-up':>9}  check")
+    print(f"  {'version':<42} {'median us':>12} {'min us':>12} {'tokens/s':>11} {'speed-up':>9}  check")
     for name, r in results.items():
         speed = f"{base / r['median_us']:.2f}x" if base else "-"
-        print(f"  {name:<36} {r['median_us']:>12.0f} {r['min_us']:>12.0f} {r['tokens_per_s']:>11.3e} "
+        print(f"  {name:<42} {r['median_us']:>12.0f} {r['min_us']:>12.0f} {r['tokens_per_s']:>11.3e} "
               f"{speed:>9}  {r['check']}{(' ' + r['problems'][0]) if r['problems'] else ''}")
     auto_name = _numpy_version(auto, auto)
     speedup = base / results[auto_name]["median_us"] if base and auto_name in results else None
+    mxfp4_ratios = {}
+    for name, fp8_name in mxfp4_names.items():
+        mxfp4_ratios[name] = results[name]["median_us"] / results[fp8_name]["median_us"]
+        print(f"  MXFP4 / FP8 time, {name[len('ffi_dsa mxfp4 (numpy) '):]}: {mxfp4_ratios[name]:.2f}")
     print(f"\n  load average before {_load(load_before)}, after {_load(load_after)}")
     if speedup is not None:
         print(f"  speed-up of ffi_dsa (numpy inputs, auto = {auto}) over naive torch: {speedup:.2f}x")
@@ -161,6 +183,7 @@ def main(argv=None) -> int:
             "batch": a.batch, "tokens_per_row": a.tokens, "tokens": tokens, "topk": TOPK,
             "queries": a.queries or 1, "heads": a.heads,
             "runs": a.runs, "warmup": a.warmup, "results": results, "speedup_vs_naive": speedup,
+            "mxfp4_over_fp8": mxfp4_ratios,
             "cpu_kernels": ffi_dsa.cpu_kernels(), "auto_kernel": auto,
             "load_average_before": load_before, "load_average_after": load_after,
         }, indent=2))

@@ -28,6 +28,14 @@ rows, keys gathered back to back with spare keys after them, H 64 or 32, K, orde
 special scales and NaN weights, exact data about half the time, as above.
 
     python benchmarks/fuzz.py --device cuda --prefill --calls 2000
+
+``--mxfp4`` fuzzes the MXFP4 op instead (docs/contract.md §9; CPU only: it has no CUDA kernel yet):
+decode's draws (B, N, H, lengths, tables with invalid pages, seq_lens forms, K, order, ids,
+max_seq_len) over two MXFP4 pools: quantized random keys sprinkled with NaN (255), 0, 1, 227 and
+far-off scale bytes, and small E2M1 values with scale bytes 126-128 (exact scores: the output must be
+the reference's choice byte for byte); random queries sometimes with a NaN scale byte.
+
+    python benchmarks/fuzz.py --device cpu --mxfp4 --calls 2000
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ import ffi_dsa  # noqa: E402
 from ffi_dsa.contract import HEAD_DIM, MAX_QUERIES, PAGE_FP8_BYTES, PAGE_TOKENS, SUPPORTED_HEADS  # noqa: E402
 from ffi_dsa.kv_cache import pack_k_cache, unpack_k_cache  # noqa: E402
 from ffi_dsa.decode_reference import RowScores, row_scores, select_rows, visible_lengths  # noqa: E402
+from ffi_dsa.mxfp4_cache import (dequantize, pack_nibbles, pages_of, quantize_mxfp4,  # noqa: E402
+                                 quantize_mxfp4_q, q_scale_bytes, unpack_nibbles)
 from ffi_dsa.workloads import MODEL_TABLE_PAGES  # noqa: E402
 
 POOL_PAGES = 4096  # 262K tokens per pool: rows draw distinct pages from it
@@ -315,6 +325,152 @@ def calls_and_outputs(rng, runner: Runner, count: int, deadline: float):
 
 
 # ----------------------------------------------------------------------------------------------
+# MXFP4 pages (--mxfp4): decode's draws, MXFP4 keys and queries.
+# ----------------------------------------------------------------------------------------------
+
+class Mxfp4Pool:
+    """A pool of MXFP4 pages and each token's E2M1 codes and scale bytes, by global id."""
+
+    def __init__(self, rng: np.random.Generator, exact: bool):
+        shape = (POOL_PAGES, PAGE_TOKENS, HEAD_DIM)
+        if exact:
+            values = rng.choice(np.array([-1.0, 0.0, 0.0, 1.0, 2.0]), size=shape)
+            values[..., 4:] = 0.0  # few active values: exact sums, ties and zero plateaus
+            codes = _exact_codes(values)
+            scale_bytes = rng.integers(126, 129, size=(POOL_PAGES, PAGE_TOKENS, 4)).astype(np.uint8)
+        else:
+            codes, scale_bytes = quantize_mxfp4(rng.standard_normal(shape, dtype=np.float32))
+            flat = scale_bytes.reshape(-1)
+            special = rng.choice(flat.size, size=120, replace=False)
+            flat[special[:30]] = 255  # NaN
+            flat[special[30:50]] = 0
+            flat[special[50:70]] = 1
+            # large bytes, but no score beyond float32's range (2^100 x a block sum x 64 heads stays
+            # below 2^128): past it float32 has no number to give, and the float64 reference does
+            flat[special[70:90]] = 227
+            flat[special[90:]] = rng.integers(40, 210, size=30)
+            whole = rng.choice(POOL_PAGES, size=4, replace=False)
+            scale_bytes[whole] = rng.integers(100, 150, size=(4, PAGE_TOKENS, 4))
+        self.k_cache = pages_of(codes, scale_bytes)
+        self.codes = codes.reshape(POOL_PAGES * PAGE_TOKENS, HEAD_DIM)
+        self.scale_bytes = scale_bytes.reshape(POOL_PAGES * PAGE_TOKENS, 4)
+        self.exact = exact
+
+
+def _exact_codes(values: np.ndarray) -> np.ndarray:
+    """E2M1 codes of values in {-1, 0, 1, 2} (magnitude codes 0, 2, 4; sign bit 3)."""
+    magnitude = np.select([np.abs(values) == 1.0, np.abs(values) == 2.0], [2, 4], 0).astype(np.uint8)
+    return magnitude | np.where(values < 0, 8, 0).astype(np.uint8)
+
+
+def draw_mxfp4_queries(rng, exact: bool, batch: int, queries: int, heads: int):
+    """q [B, N, H, 64] uint8, q_scale [B, N, H] int32 and weights [B, N, H], exact or random."""
+    shape = (batch, queries, heads)
+    if exact:
+        values = rng.choice(np.array([0.0, 1.0, 2.0]), size=(*shape, HEAD_DIM))
+        values[..., 4:] = 0.0
+        q = pack_nibbles(_exact_codes(values))
+        q_scale = rng.integers(126, 129, size=(*shape, 4)).astype(np.uint8).view("<i4")[..., 0].copy()
+        weights = rng.choice(np.array([-1.0, 1.0, 2.0], np.float32), size=shape)
+    else:
+        q, q_scale = quantize_mxfp4_q(rng.standard_normal((*shape, HEAD_DIM), dtype=np.float32))
+        weights = rng.standard_normal(shape, dtype=np.float32)
+        if batch and rng.random() < 0.05:
+            weights[rng.integers(0, batch), rng.integers(0, queries), rng.integers(0, heads)] = np.nan
+        if batch and rng.random() < 0.05:  # a NaN scale byte in one head: that query row scores NaN
+            raw = q_scale.view(np.uint8).reshape(*shape, 4)
+            raw[rng.integers(0, batch), rng.integers(0, queries), rng.integers(0, heads), rng.integers(0, 4)] = 255
+    return q, q_scale, weights
+
+
+def draw_mxfp4_call(rng, pools):
+    """decode's draw (draw_call), with MXFP4 queries over an MXFP4 pool."""
+    pool = pools[rng.random() < 0.5]
+    topk = int(rng.choice(TOPKS)) if rng.random() < 0.8 else int(rng.integers(1, 2049))
+    batch = int(rng.integers(0, 9)) if rng.random() < 0.97 else int(rng.integers(100, 140))
+    queries = int(rng.integers(1, MAX_QUERIES + 1))
+    heads = int(rng.choice(SUPPORTED_HEADS))
+    row_lens = draw_lengths(rng, batch, topk)
+    if batch > 50:
+        row_lens = np.minimum(row_lens, 1200 // queries)
+    table = draw_table(rng, row_lens)
+    seq_lens = draw_seq_lens(rng, row_lens, queries, topk, bool(rng.random() < 0.5), table.shape[1] * PAGE_TOKENS)
+    q, q_scale, weights = draw_mxfp4_queries(rng, pool.exact, batch, queries, heads)
+    if queries == 1 and rng.random() < 0.5:
+        q, q_scale, weights = q[:, 0], q_scale[:, 0], weights[:, 0]  # the rank-3 form
+    elif rng.random() < 0.5:
+        q_scale, weights = q_scale.reshape(batch * queries, heads), weights.reshape(batch * queries, heads)
+    out_shape = (batch * queries, topk) if rng.random() < 0.5 else (batch, queries, topk)
+    args = (q, q_scale, pool.k_cache, weights, seq_lens, table)
+    return pool, args, topk, bool(rng.random() < 0.4), out_shape, draw_options(rng, row_lens)
+
+
+def mxfp4_reference_rows(pool: Mxfp4Pool, args) -> list[RowScores]:
+    """reference_mxfp4_scores from the pool's codes and scale bytes: a row's keys dequantized once
+    for all its queries."""
+    q, q_scale, _, weights, seq_lens, table = args
+    batch, heads = q.shape[0], q.shape[-2]
+    queries = q.shape[1] if q.ndim == 4 else 1
+    qf = dequantize(unpack_nibbles(q), q_scale_bytes(q_scale).reshape(*q.shape[:-1], 4))
+    qf = qf.reshape(batch, queries, heads, HEAD_DIM)
+    w = weights.astype(np.float64).reshape(batch, queries, heads)
+    visible = visible_lengths(seq_lens, queries, table.shape[1]).reshape(batch, queries)
+    rows = []
+    for b in range(batch):
+        t = np.arange(visible[b].max(initial=0))
+        page = table[b, t // PAGE_TOKENS].astype(np.int64)
+        valid = (page >= 0) & (page < POOL_PAGES)
+        t, page = t[valid], page[valid]
+        ids = page * PAGE_TOKENS + t % PAGE_TOKENS
+        keys = dequantize(pool.codes[ids], pool.scale_bytes[ids])
+        for j in range(queries):
+            m = int(np.searchsorted(t, visible[b, j]))
+            rows.append(row_scores(keys[:m], qf[b, j], w[b, j], t[:m], ids[:m]))
+    return rows
+
+
+def mxfp4_verdict(task) -> list[str]:
+    """The problems of one MXFP4 call's outputs (runs in a checking process)."""
+    exact, args, topk, sorted_, ids, got, again = task
+    pool = _POOLS[exact]
+    args = (*args[:2], pool.k_cache, *args[3:])
+    problems = []
+    if np.any(got == Runner.SENTINEL):
+        problems.append("output not fully written")
+    if not np.array_equal(got, again):
+        problems.append("a repeated call gave other bytes")
+    rows = mxfp4_reference_rows(pool, args)
+    if pool.exact:
+        want = select_rows(rows, topk, sorted_, ids=ids)
+        bad = np.nonzero(np.any(got.reshape(want.shape) != want, axis=1))[0]
+        if bad.size:
+            problems.append(f"exact data: rows {bad[:5].tolist()} differ from the reference's choice")
+    else:
+        problems += ffi_dsa.check_mxfp4_topk(got, *args, sorted=sorted_, ids=ids, rows=rows)
+    return problems
+
+
+def mxfp4_calls_and_outputs(rng, count: int, deadline: float):
+    """(description, task) of each MXFP4 call, run twice on the CPU into poisoned outputs."""
+    for i in range(count):
+        if deadline and time.perf_counter() > deadline:
+            return
+        pool, args, topk, sorted_, out_shape, options = draw_mxfp4_call(rng, _POOLS)
+        outs = []
+        for _ in range(2):
+            out = np.full(out_shape, Runner.SENTINEL, np.int32)
+            ffi_dsa.mxfp4_call(*args, out, sorted=sorted_, **options)
+            outs.append(out)
+        q, lens, table = args[0], args[4], args[5]
+        queries = q.shape[1] if q.ndim == 4 else 1
+        seen = int(visible_lengths(lens, queries, table.shape[1]).sum())
+        about = (f"mxfp4 call {i}: B={len(lens)} q={list(q.shape[:-1])} q_scale={list(args[1].shape)} "
+                 f"out={list(out_shape)} K={topk} sorted={sorted_} {options} exact={pool.exact} "
+                 f"width={table.shape[1]} lens={lens[:8].tolist()}", seen)
+        yield about, (pool.exact, (*args[:2], None, *args[3:]), topk, sorted_, options["ids"], *outs)
+
+
+# ----------------------------------------------------------------------------------------------
 # Prefill (--prefill): each call draws its own chunk, small enough for the float64 reference.
 # ----------------------------------------------------------------------------------------------
 
@@ -437,17 +593,24 @@ def main(argv=None) -> int:
     parser.add_argument("--minutes", type=float, default=0.0, help="stop after this long (0: no limit)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes checking outputs")
     parser.add_argument("--prefill", action="store_true", help="fuzz the prefill op instead of decode")
+    parser.add_argument("--mxfp4", action="store_true", help="fuzz the MXFP4 op (CPU) instead of decode")
     a = parser.parse_args(argv)
+    if a.mxfp4 and (a.prefill or a.device != "cpu"):
+        parser.error("--mxfp4 fuzzes the MXFP4 op on the CPU (it has no CUDA kernel yet): --device cpu, no --prefill")
     rng = np.random.default_rng(a.seed)
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # inf - inf in the checks of inf scores
     start = time.perf_counter()
-    if not a.prefill:
+    if a.mxfp4:
+        _POOLS = (Mxfp4Pool(rng, exact=False), Mxfp4Pool(rng, exact=True))
+    elif not a.prefill:
         _POOLS = (Pool(rng, exact=False), Pool(rng, exact=True))
     # The checking processes fork before the device is touched, sharing the decoded pools.
     workers = multiprocessing.get_context("fork").Pool(max(1, a.workers))
     deadline = start + 60 * a.minutes if a.minutes else 0.0
     failures = calls = tokens = 0
-    if a.prefill:
+    if a.mxfp4:
+        stream, check = mxfp4_calls_and_outputs(rng, a.calls, deadline), mxfp4_verdict
+    elif a.prefill:
         stream, check = prefill_calls_and_outputs(rng, a.device, a.calls, deadline), prefill_verdict
     else:
         stream, check = calls_and_outputs(rng, Runner(a.device), a.calls, deadline), verdict
@@ -468,7 +631,7 @@ def main(argv=None) -> int:
         if calls % 500 == 0:
             print(f"fuzz: {calls} calls, {failures} failing, {time.perf_counter() - start:.0f} s", flush=True)
     workers.close()
-    op = "prefill, " if a.prefill else ""
+    op = "prefill, " if a.prefill else "mxfp4, " if a.mxfp4 else ""
     print(f"fuzz ({op}{a.device}, seed {a.seed}): {calls} calls, {tokens} tokens, {failures} failing, "
           f"{time.perf_counter() - start:.0f} s")
     return 1 if failures else 0

@@ -29,10 +29,13 @@ from ._build import NativeBuildError
 _API_MODULES = {
     "decode": ("call", "topk_indexer", "validate_pages"),
     "prefill": ("prefill_call", "prefill_topk_indexer", "validate_prefill"),
+    "mxfp4": ("mxfp4_call", "mxfp4_topk_indexer"),
     "cpu_options": ("cpu_kernel", "cpu_kernels", "set_cpu_kernel", "set_cpu_threads"),
     "kv_cache": ("pack_k_cache", "unpack_k_cache"),
+    "mxfp4_cache": ("pack_mxfp4_k_cache", "unpack_mxfp4_k_cache", "quantize_mxfp4_q"),
     "decode_reference": ("check_topk", "reference", "reference_scores"),
     "prefill_reference": ("check_prefill_topk", "reference_prefill", "reference_prefill_scores"),
+    "mxfp4_reference": ("check_mxfp4_topk", "reference_mxfp4", "reference_mxfp4_scores"),
 }
 _API = {name: module for module, names in _API_MODULES.items() for name in names}
 
@@ -40,6 +43,9 @@ if TYPE_CHECKING:  # what type checkers and import graphs see; at run time __get
     from .cpu_options import cpu_kernel, cpu_kernels, set_cpu_kernel, set_cpu_threads
     from .decode import call, topk_indexer, validate_pages
     from .kv_cache import pack_k_cache, unpack_k_cache
+    from .mxfp4 import mxfp4_call, mxfp4_topk_indexer
+    from .mxfp4_cache import pack_mxfp4_k_cache, quantize_mxfp4_q, unpack_mxfp4_k_cache
+    from .mxfp4_reference import check_mxfp4_topk, reference_mxfp4, reference_mxfp4_scores
     from .prefill import prefill_call, prefill_topk_indexer, validate_prefill
     from .decode_reference import check_topk, reference, reference_scores
     from .prefill_reference import check_prefill_topk, reference_prefill, reference_prefill_scores

@@ -7,6 +7,15 @@ import numpy as np
 # DLPack device types (dlpack.h)
 DL_CPU, DL_CUDA = 1, 2
 
+def _strict_bool(name: str, value) -> bool:
+    """`value` of the bool option `name` as a bool: a Python bool or a numpy bool only. Anything
+    else (an int, a string, None, a tensor) is a TypeError naming the option and the type it got:
+    ``sorted=1`` or ``validate="no"`` would otherwise pass by truthiness."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
+
+
 def framework(x) -> str:
     module = type(x).__module__
     if module.startswith("torch"):

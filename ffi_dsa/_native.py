@@ -18,6 +18,7 @@ DType = Any  # a tvm_ffi.dtype
 
 _DECODE = "Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool, int], None]"
 _PREFILL = "Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]"
+_MXFP4 = "Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool, int], None]"
 _CHECK_SHAPES = "Callable[[Array[Array[int]], Array[dtype]], None]"
 
 
@@ -32,9 +33,15 @@ class CpuFunctions(NamedTuple):
     # prefill: (q, k, k_scale, weights, ks, ke, topk_indices, sorted, absolute_ids)
     prefill_topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]
     prefill_topk_indexer_check_shapes: Callable[[Sequence[Sequence[int]], Sequence[DType]], None]
+    # decode over MXFP4 pages: (q, q_scale, k_cache, weights, seq_lens, block_table, topk_indices, sorted,
+    # positions, max_seq_len); no CUDA export yet (ffi_dsa/mxfp4.py refuses CUDA tensors)
+    mxfp4_topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool, int], None]
+    mxfp4_topk_indexer_check_shapes: Callable[[Sequence[Sequence[int]], Sequence[DType]], None]
     contract_constants: Callable[[], Mapping[str, int]]
     # op -> its `ids` values, the default first
     contract_ids: Callable[[], Mapping[str, Sequence[str]]]
+    # E2M1's magnitudes by code 0..7 (mxfp4_e2m1.h)
+    contract_e2m1_magnitudes: Callable[[], Sequence[float]]
     # the CUDA archs the sources hold kernels for ("sm_90a"), and (arch, query rows B * N,
     # max_pages) -> bytes of scratch a CUDA decode call takes there (cuda_archs.h)
     cuda_archs: Callable[[], Sequence[str]]
@@ -62,8 +69,11 @@ SCHEMAS = {
         "topk_indexer_check_shapes": _CHECK_SHAPES,
         "prefill_topk_indexer": _PREFILL,
         "prefill_topk_indexer_check_shapes": _CHECK_SHAPES,
+        "mxfp4_topk_indexer": _MXFP4,
+        "mxfp4_topk_indexer_check_shapes": _CHECK_SHAPES,
         "contract_constants": "Callable[[], Map[str, int]]",
         "contract_ids": "Callable[[], Map[str, Array[str]]]",
+        "contract_e2m1_magnitudes": "Callable[[], Array[float]]",
         "cuda_archs": "Callable[[], Array[str]]",
         "workspace_bytes": "Callable[[str, int, int], int]",
         "set_cpu_kernel": "Callable[[str], str]",

@@ -73,6 +73,9 @@ class Op:
     validate: Callable[..., None]   # (inputs...) -> None: the host checks behind validate=True
     # (inputs' shapes) -> (query rows, table pages): what sizes a CUDA call's scratch; None: it takes none
     workspace_rows: Callable[[tuple], tuple[int, int]] | None = None
+    # the device types a native module serves it on; on another one every entry point raises
+    # NotImplementedError before anything is written (an op whose CUDA kernel is still to come)
+    devices: tuple[str, ...] = ("cpu", "cuda")
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -83,7 +86,13 @@ class Op:
         return tuple(o.to_attr(options.get(o.name, o.default)) for o in self.options)
 
     def kernel_for(self, device_type: str):
-        """The native DPS function serving tensors of `device_type` ('cpu' or 'cuda')."""
+        """The native DPS function serving tensors of `device_type` ('cpu' or 'cuda'), or
+        NotImplementedError when no module has one for this op yet (no CUDA module is loaded or
+        built to find that out)."""
+        if device_type not in self.devices and device_type in ("cpu", "cuda"):
+            raise NotImplementedError(
+                f"ffi_dsa.{self.name} has no {device_type.upper()} kernel yet (it runs on "
+                f"{' and '.join(d.upper() for d in self.devices)} tensors); nothing was written")
         return _ffi_api.kernel_for(self.name, device_type)
 
 
@@ -110,7 +119,7 @@ def call(op: Op, args: tuple, attrs: tuple, validate: bool) -> None:
     # tensor at all is worked out only then (named_argument_error), off the per-call path.
     try:
         ready = _arrays.all_dlpack_ready(args, op.arg_names, op.fp8_args)
-        kernel = _ffi_api.kernel_for(op.name, _arrays.device_type(args[0]))
+        kernel = op.kernel_for(_arrays.device_type(args[0]))
         if validate:
             op.validate(*args[:-1])
     except (TypeError, ValueError, AttributeError, RuntimeError, BufferError) as err:

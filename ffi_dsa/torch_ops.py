@@ -10,6 +10,10 @@ and a destination-passing ``_out`` op that mutates its output:
                                        ids="relative") -> Tensor
     torch.ops.dsa.prefill_topk_indexer_out(q, k, k_scale, weights, ks, ke, topk_indices, sorted=False,
                                            ids="relative") -> ()
+    torch.ops.dsa.mxfp4_topk_indexer(q, q_scale, k_cache, weights, seq_lens, block_table, topk=2048,
+                                     sorted=False, ids="slots", max_seq_len=None) -> Tensor   (CPU for now)
+    torch.ops.dsa.mxfp4_topk_indexer_out(q, q_scale, ..., block_table, topk_indices, sorted=False, ids="slots",
+                                         max_seq_len=None) -> ()
 
 A functional op returns the op's output shape (decode ``[B, topk]``, or ``[B, N, topk]`` for q
 ``[B, N, H, 128]``; prefill ``[M, topk]``) on q's device; an out op takes every output form its
@@ -36,13 +40,13 @@ import functools
 
 import torch
 
-from . import _ffi_api, decode, prefill
+from . import _ffi_api, decode, mxfp4, prefill
 from ._arrays import named_argument_error
 from ._op import Op, checked_topk
 from .contract import DEFAULT_TOPK, MAX_TOPK
 
 NAMESPACE = "dsa"
-OPS = (decode.OP, prefill.OP)
+OPS = (decode.OP, prefill.OP, mxfp4.OP)
 
 
 def schemas(op: Op) -> tuple[str, str]:
@@ -92,7 +96,9 @@ def real_kernels(op: Op):
     whichever tensor has the "highest" device. The dispatcher lets None through for a Tensor
     argument: named here, off the hot path."""
     n = len(op.inputs)
-    kernel_for = functools.partial(_ffi_api.kernel_for, op.name)  # C-level: no Python frame per call
+    # C-level: no Python frame per call; an op without a kernel for every device asks its Op, which
+    # names the missing one (NotImplementedError) instead of loading a module that lacks it
+    kernel_for = functools.partial(_ffi_api.kernel_for, op.name) if "cuda" in op.devices else op.kernel_for
     output_shape, names = op.output_shape, op.arg_names
     fill, fill_out = _with_defaults(op, n), _with_defaults(op, n + 1)
     attrs_of = _attrs_from_values(op)
@@ -105,8 +111,9 @@ def real_kernels(op: Op):
             checked_topk(topk)
         try:
             device = inputs[0].device
+            kernel = kernel_for(device.type)  # a device without a kernel fails before anything is allocated
             out = torch.empty(output_shape(inputs[0].shape, topk), dtype=torch.int32, device=device)
-            kernel_for(device.type)(*inputs, out, *attrs)
+            kernel(*inputs, out, *attrs)
         except (TypeError, AttributeError) as err:
             raise named_argument_error(err, inputs, names) from None
         return out
@@ -189,6 +196,8 @@ topk_indexer = torch.ops.dsa.topk_indexer.default
 topk_indexer_out = torch.ops.dsa.topk_indexer_out.default
 prefill_topk_indexer = torch.ops.dsa.prefill_topk_indexer.default
 prefill_topk_indexer_out = torch.ops.dsa.prefill_topk_indexer_out.default
+mxfp4_topk_indexer = torch.ops.dsa.mxfp4_topk_indexer.default
+mxfp4_topk_indexer_out = torch.ops.dsa.mxfp4_topk_indexer_out.default
 
-__all__ = ["topk_indexer", "topk_indexer_out", "prefill_topk_indexer", "prefill_topk_indexer_out", "NAMESPACE",
-           "OPS"]
+__all__ = ["topk_indexer", "topk_indexer_out", "prefill_topk_indexer", "prefill_topk_indexer_out",
+           "mxfp4_topk_indexer", "mxfp4_topk_indexer_out", "NAMESPACE", "OPS"]

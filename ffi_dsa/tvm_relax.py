@@ -23,6 +23,9 @@
     vm = tvm_relax.build(tvm_relax.prefill_module(topk=2048, sorted=False, ids="relative"))
     idx = vm["main"](q, k, k_scale, weights, ks, ke)     # tvm.runtime.Tensor [M, 2048] int32
 
+    # MXFP4 pages (docs/contract.md §9): main(q, q_scale, k_cache, weights, seq_lens, block_table)
+    vm = tvm_relax.build(tvm_relax.mxfp4_module(topk=512))
+
 Relax passes DPS arguments as (inputs..., output) with no room for a scalar after the output, so
 every combination of an op's options that take a few values gets its own global,
 ``global_name(op, **options)``: ``ffi_dsa.<op>``, then ``_sorted`` for descending score (the default
@@ -34,6 +37,8 @@ instead of global slots) and ``_absolute`` for prefill's ``ids="absolute"`` (row
     ffi_dsa.topk_indexer_positions, ffi_dsa.topk_indexer_sorted_positions
     ffi_dsa.prefill_topk_indexer, ffi_dsa.prefill_topk_indexer_sorted,
     ffi_dsa.prefill_topk_indexer_absolute, ffi_dsa.prefill_topk_indexer_sorted_absolute
+    ffi_dsa.mxfp4_topk_indexer, ffi_dsa.mxfp4_topk_indexer_sorted,
+    ffi_dsa.mxfp4_topk_indexer_positions, ffi_dsa.mxfp4_topk_indexer_sorted_positions   (CPU for now)
 
 An option that takes any int (decode's ``max_seq_len``) is a value of the call instead: a global
 also takes it between the inputs and the output, ``(inputs..., max_seq_len, output)``, as a Relax
@@ -53,11 +58,11 @@ import threading
 
 import tvm_ffi
 
-from . import decode, prefill
+from . import decode, mxfp4, prefill
 from ._op import Op, checked_topk
 from .contract import DEFAULT_TOPK
 
-OPS = (decode.OP, prefill.OP)
+OPS = (decode.OP, prefill.OP, mxfp4.OP)
 _DEVICE_NAMES = {1: "cpu", 2: "cuda"}  # DLPack device types
 _lock = threading.Lock()
 _registered = False
@@ -131,6 +136,17 @@ def indexer_module(topk: int = DEFAULT_TOPK, sorted: bool = False, q_rank: int =
     return _dps_module(decode.OP, topk, _Q_DIMS[q_rank], runtime, sorted=sorted, ids=ids)
 
 
+def mxfp4_module(topk: int = DEFAULT_TOPK, sorted: bool = False, q_rank: int = 3, ids: str = "slots",
+                 with_max_seq_len: bool = False):
+    """As :func:`indexer_module`, for the MXFP4 op (docs/contract.md §9): ``main(q, q_scale, k_cache,
+    weights, seq_lens, block_table)`` (then ``max_seq_len`` with ``with_max_seq_len=True``), q
+    ``[b, h, 64]`` or with ``q_rank=4`` ``[b, n, h, 64]``."""
+    if q_rank not in _Q_DIMS:
+        raise ValueError(f"q_rank must be 3 (q [B, H, 64]) or 4 (q [B, N, H, 64]), got {q_rank!r}")
+    runtime = ("max_seq_len",) if with_max_seq_len else ()
+    return _dps_module(mxfp4.OP, topk, _Q_DIMS[q_rank], runtime, sorted=sorted, ids=ids)
+
+
 def prefill_module(topk: int = DEFAULT_TOPK, sorted: bool = False, ids: str = "relative"):
     """A Relax IRModule whose ``main(q, k, k_scale, weights, ks, ke)`` returns prefill's int32 top-K
     ids ``[m, topk]`` (docs/contract.md §8) through ``R.call_dps_packed``."""
@@ -177,4 +193,4 @@ def build(mod, device=None, target: str | None = None):
     return relax.VirtualMachine(relax.build(mod, target=target), device)
 
 
-__all__ = ["register_global_funcs", "global_name", "indexer_module", "prefill_module", "build", "OPS"]
+__all__ = ["register_global_funcs", "global_name", "indexer_module", "mxfp4_module", "prefill_module", "build", "OPS"]

@@ -91,10 +91,15 @@ def make_batch(seq_lens, *, seed: int = 0, spare_pages: int = 0, max_pages: int 
     q = q.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     weights = rng.standard_normal((*query_dims, heads), dtype=np.float32)
 
-    pool = rng.permutation(num_pages).astype(np.int32)
-    block_table = np.full((len(seq_lens), max_pages), -1, dtype=np.int32)
+    block_table = rows_of_pool(pages_per_row, max_pages, rng.permutation(num_pages).astype(np.int32))
+    return Batch(q, k_cache, weights, seq_lens, block_table)
+
+
+def rows_of_pool(pages_per_row, max_pages: int, pool: np.ndarray) -> np.ndarray:
+    """A block table ``[B, max_pages]`` giving each row its pages from `pool` in turn, -1 past them."""
+    block_table = np.full((len(pages_per_row), max_pages), -1, dtype=np.int32)
     start = 0
     for b, pages in enumerate(pages_per_row):
         block_table[b, :pages] = pool[start:start + pages]
         start += pages
-    return Batch(q, k_cache, weights, seq_lens, block_table)
+    return block_table

@@ -26,7 +26,8 @@ CALLERS = {"the op on numpy": "ffi_dsa.topk_indexer(", "torch": "torch.ops.dsa.t
            "a serving engine": "# SGLang", "vLLM's positions and bound": 'ids="positions", max_seq_len=',
            "prefill": "ffi_dsa.prefill_topk_indexer(",
            "prefill in torch": "torch.ops.dsa.prefill_topk_indexer(", "prefill in JAX": "jax.jit(prefill_topk_indexer",
-           "prefill in TVM Relax": "tvm_relax.prefill_module"}
+           "prefill in TVM Relax": "tvm_relax.prefill_module", "MXFP4 pages": "ffi_dsa.mxfp4_topk_indexer(",
+           "MXFP4 in torch": "torch.ops.dsa.mxfp4_topk_indexer(", "MXFP4 in JAX": "jax.jit(mxfp4_topk_indexer"}
 
 
 def _snippets(document: Path) -> list[str]:

@@ -11,10 +11,13 @@
 #include <string>
 
 #include "ffi_dsa/cpu/decode_cpu.h"
+#include "ffi_dsa/cpu/mxfp4_cpu.h"
 #include "ffi_dsa/cpu/prefill_cpu.h"
 #include "ffi_dsa/cuda_archs.h"
+#include "ffi_dsa/mxfp4_e2m1.h"
 #include "ffi_dsa/validate/common.h"
 #include "ffi_dsa/validate/decode.h"
+#include "ffi_dsa/validate/mxfp4.h"
 #include "ffi_dsa/validate/prefill.h"
 
 namespace {
@@ -40,6 +43,20 @@ void TopkIndexerCheckShapes(Array<Array<int64_t>> shapes, Array<DLDataType> dtyp
   ffi_dsa::CheckIndexerMeta(m[0], m[1], m[2], m[3], m[4], m[5]);
 }
 
+// Decode over MXFP4 pages (docs/contract.md §9): decode's attributes, q's scales after q.
+void Mxfp4TopkIndexerCpu(TensorView q, TensorView q_scale, TensorView k_cache, TensorView weights,
+                         TensorView seq_lens, TensorView block_table, TensorView topk_indices, bool sorted_by_score,
+                         bool positions, int64_t /*max_seq_len*/) {
+  const ffi_dsa::Mxfp4Args args =
+      ffi_dsa::CheckMxfp4Args(q, q_scale, k_cache, weights, seq_lens, block_table, topk_indices, kDLCPU);
+  cpu::RunMxfp4Cpu(args, sorted_by_score, positions);
+}
+
+void Mxfp4TopkIndexerCheckShapes(Array<Array<int64_t>> shapes, Array<DLDataType> dtypes) {
+  const auto m = ffi_dsa::ShapeArgMetas(ffi_dsa::kMxfp4ArgNames, shapes, dtypes);
+  ffi_dsa::CheckMxfp4Meta(m[0], m[1], m[2], m[3], m[4], m[5], m[6]);
+}
+
 // Prefill (docs/contract.md §8): a chunk of query rows over a contiguous key buffer.
 void PrefillTopkIndexerCpu(TensorView q, TensorView k, TensorView k_scale, TensorView weights, TensorView ks,
                            TensorView ke, TensorView topk_indices, bool sorted_by_score, bool absolute_ids) {
@@ -60,13 +77,28 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> ContractConstants() {
           {"max_queries", ffi_dsa::kMaxQueries},  {"head_dim", ffi_dsa::kHeadDim},
           {"page_tokens", ffi_dsa::kPageTokens},  {"token_bytes", ffi_dsa::kTokenBytes},
           {"page_fp8_bytes", ffi_dsa::kPageFp8Bytes}, {"page_bytes", ffi_dsa::kPageBytes},
-          {"max_topk", ffi_dsa::kMaxTopK}};
+          {"max_topk", ffi_dsa::kMaxTopK},
+          {"mxfp4_block", ffi_dsa::kMxfp4Block},  {"mxfp4_blocks", ffi_dsa::kMxfp4Blocks},
+          {"mxfp4_head_bytes", ffi_dsa::kMxfp4HeadBytes},
+          {"mxfp4_token_bytes", ffi_dsa::kMxfp4TokenBytes},
+          {"mxfp4_page_value_bytes", ffi_dsa::kMxfp4PageValueBytes},
+          {"mxfp4_page_bytes", ffi_dsa::kMxfp4PageBytes},
+          {"ue8m0_bias", ffi_dsa::kUe8m0Bias},    {"ue8m0_nan", ffi_dsa::kUe8m0NaN}};
+}
+
+// mxfp4_e2m1.h's E2M1 magnitudes by code (0, 0.5, ..., 6), for ffi_dsa/contract.py likewise.
+Array<double> ContractE2M1Magnitudes() {
+  Array<double> values;
+  for (const float v : ffi_dsa::kE2M1Magnitudes) values.push_back(v);
+  return values;
 }
 
 // contract.h's names of each op's `ids` values (default first), for the same reason.
 tvm::ffi::Map<String, Array<String>> ContractIds() {
   auto names = [](const char* const (&ids)[2]) { return Array<String>{String(ids[0]), String(ids[1])}; };
-  return {{"topk_indexer", names(ffi_dsa::kDecodeIds)}, {"prefill_topk_indexer", names(ffi_dsa::kPrefillIds)}};
+  return {{"topk_indexer", names(ffi_dsa::kDecodeIds)},
+          {"mxfp4_topk_indexer", names(ffi_dsa::kDecodeIds)},  // decode's selection, so decode's ids
+          {"prefill_topk_indexer", names(ffi_dsa::kPrefillIds)}};
 }
 
 // The scoring variant of later calls: "auto" (the best this CPU supports) or one of
@@ -128,12 +160,16 @@ int64_t WorkspaceBytes(String arch, int64_t query_rows, int64_t max_pages) {
 // positions is ids="positions"; max_seq_len <= 0 is "unknown".
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_indexer, TopkIndexerCpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_indexer_check_shapes, TopkIndexerCheckShapes);
+// MXFP4 pages: decode's attributes.
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(mxfp4_topk_indexer, Mxfp4TopkIndexerCpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(mxfp4_topk_indexer_check_shapes, Mxfp4TopkIndexerCheckShapes);
 // absolute_ids is ids="absolute".
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(prefill_topk_indexer, PrefillTopkIndexerCpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(prefill_topk_indexer_check_shapes, PrefillTopkIndexerCheckShapes);
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(contract_constants, ContractConstants);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(contract_ids, ContractIds);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(contract_e2m1_magnitudes, ContractE2M1Magnitudes);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cuda_archs, CudaArchs);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(workspace_bytes, WorkspaceBytes);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(set_cpu_kernel, SetCpuKernel);

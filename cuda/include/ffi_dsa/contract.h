@@ -20,6 +20,18 @@ constexpr int kPageFp8Bytes = kPageTokens * kHeadDim;         // 8192: fp8 rows 
 constexpr int kPageBytes = kPageTokens * kTokenBytes;          // 8448: then 64 float32 scales
 constexpr int kMaxTopK = 2048;         // largest K any path accepts (smem budget of the CUDA path)
 
+// The MXFP4 page format (docs/contract.md §9, DeepSeek-V4's "mxfp4" indexer cache): E2M1 values, two
+// a byte (element 2j in the low nibble of byte j), and one UE8M0 scale byte per 32 of them.
+constexpr int kMxfp4Block = 32;                                // elements sharing one scale byte
+constexpr int kMxfp4Blocks = kHeadDim / kMxfp4Block;          // 4 scale bytes per head / per token
+constexpr int kMxfp4HeadBytes = kHeadDim / 2;                  // 64: a head's (a token's) value bytes
+constexpr int kMxfp4TokenBytes = kMxfp4HeadBytes + kMxfp4Blocks;   // 68
+constexpr int kMxfp4PageValueBytes = kPageTokens * kMxfp4HeadBytes;  // 4096: value rows come first
+constexpr int kMxfp4PageBytes = kPageTokens * kMxfp4TokenBytes;      // 4352: then 64 x 4 scale bytes
+constexpr int kUe8m0Bias = 127;        // a UE8M0 byte b scales by 2^(b - 127) ...
+constexpr int kUe8m0NaN = 255;         // ... except 255, which is NaN (OCP MX)
+static_assert(kMxfp4Blocks * 8 == 32, "a head's scale bytes are one int32 (q_scale)");
+
 // docs/contract.md §3: a negative length counts as 0, one past the block table is cut to it.
 FFI_DSA_CONTRACT_HD int64_t ClampLength(int64_t n, int64_t max_pages) {
   const int64_t cap = max_pages * kPageTokens;

@@ -60,6 +60,74 @@ inline void CheckQueryRows(const ArgMeta& t, int split_rank, const IndexerShape&
   }
 }
 
+// The checks every paged op shares (decode, MXFP4, docs/contract.md §7 and §9) on the arguments
+// beside q and the cache: weights, seq_lens, block_table, topk_indices. Each step is one kind of
+// check over all of them, so an op runs dtypes, then ranks, then shapes, across all its arguments.
+inline void CheckRowArgDTypes(const ArgMeta& weights, const ArgMeta& seq_lens, const ArgMeta& block_table,
+                              const ArgMeta& topk_indices) {
+  CheckDType(weights, Is(weights.dtype, kDLFloat, 32), "float32");
+  CheckDType(seq_lens, Is(seq_lens.dtype, kDLInt, 32), "int32");
+  CheckDType(block_table, Is(block_table.dtype, kDLInt, 32), "int32");
+  CheckDType(topk_indices, Is(topk_indices.dtype, kDLInt, 32), "int32");
+}
+
+inline void CheckRowArgRanks(const ArgMeta& weights, const ArgMeta& seq_lens, const ArgMeta& block_table,
+                             const ArgMeta& topk_indices) {
+  CheckRankIn(weights, 2, "[B * N, H]", 3, "[B, N, H]");
+  CheckRankIn(seq_lens, 1, "[B]", 2, "[B, N]");
+  CheckRank(block_table, 2, "[B, max_num_pages]");
+  CheckRankIn(topk_indices, 2, "[B * N, K]", 3, "[B, N, K]");
+}
+
+// B, N and H from q ([B, H, bytes] or [B, N, H, bytes], already of rank 3 or 4), whose last
+// dimension must be `head_bytes` (`head_what` says what they hold).
+inline IndexerShape PagedQueryShape(const ArgMeta& q, int64_t head_bytes, const char* head_what) {
+  IndexerShape s;
+  s.batch = q.size(0);
+  if (q.ndim() == 4) {
+    const int64_t n = q.size(1);
+    if (n < 1 || n > kMaxQueries) {
+      TVM_FFI_THROW(ValueError) << q.name << " dimension 1 (N, query tokens per row) must be in 1.." << kMaxQueries
+                                << ", got shape " << ShapeString(q);
+    }
+    s.queries = static_cast<int32_t>(n);
+  }
+  s.heads = CheckHeads(q, q.ndim() - 2);
+  CheckDim(q, q.ndim() - 1, head_bytes, head_what);
+  return s;
+}
+
+// k_cache's shape [num_pages, 64, 1, token_bytes] (its rank already checked).
+inline void CheckPageDims(const ArgMeta& k_cache, int64_t token_bytes, const char* token_what) {
+  CheckDim(k_cache, 1, kPageTokens, "tokens per page");
+  CheckDim(k_cache, 2, 1, "the layout's single key head");
+  CheckDim(k_cache, 3, token_bytes, token_what);
+}
+
+// The shapes of the row arguments against q's B, N and H; fills s.per_query_lens and s.topk.
+inline void CheckRowArgDims(IndexerShape& s, const ArgMeta& weights, const ArgMeta& seq_lens,
+                            const ArgMeta& block_table, const ArgMeta& topk_indices) {
+  CheckQueryRows(weights, 3, s, "B * N, query rows, from q");
+  CheckDim(weights, weights.ndim() - 1, s.heads, "H, index heads, from q");
+  CheckDim(seq_lens, 0, s.batch, "B, from q");
+  if (seq_lens.ndim() == 2) CheckDim(seq_lens, 1, s.queries, "N, query tokens per row, from q");
+  s.per_query_lens = seq_lens.ndim() == 2;
+  CheckDim(block_table, 0, s.batch, "B, from q");
+  CheckQueryRows(topk_indices, 3, s, "B * N, query rows, from q");
+  s.topk = CheckTopK(topk_indices);
+}
+
+// A cache whose tokens have the other page format's size, named as that format with the entry
+// point that takes it (an FP8 page given to the MXFP4 op, or the reverse).
+inline void CheckNotOtherPageFormat(const ArgMeta& k_cache, int64_t other_token_bytes, const char* other,
+                                    const char* expected) {
+  if (k_cache.ndim() == 4 && k_cache.size(3) == other_token_bytes) {
+    TVM_FFI_THROW(ValueError) << k_cache.name << " holds " << other << " (" << other_token_bytes
+                              << " bytes per token, shape " << ShapeString(k_cache) << "); this op takes "
+                              << expected;
+  }
+}
+
 }  // namespace detail
 
 // Checks dtypes, ranks, shapes against each other, K, devices and contiguity, and returns the
@@ -74,42 +142,18 @@ inline IndexerShape CheckIndexerMeta(const ArgMeta& q, const ArgMeta& k_cache, c
   // dtypes first: they are the most common mistake and the clearest message.
   CheckDType(q, IsFp8(q.dtype), kFp8Expected);
   CheckDType(k_cache, IsByte(k_cache.dtype), "int8 or uint8 (packed fp8 + scale bytes)");
-  CheckDType(weights, Is(weights.dtype, kDLFloat, 32), "float32");
-  CheckDType(seq_lens, Is(seq_lens.dtype, kDLInt, 32), "int32");
-  CheckDType(block_table, Is(block_table.dtype, kDLInt, 32), "int32");
-  CheckDType(topk_indices, Is(topk_indices.dtype, kDLInt, 32), "int32");
+  CheckRowArgDTypes(weights, seq_lens, block_table, topk_indices);
 
   CheckRankIn(q, 3, "[B, H, 128]", 4, "[B, N, H, 128]");
   CheckRank(k_cache, 4, "[num_pages, 64, 1, 132]");
-  CheckRankIn(weights, 2, "[B * N, H]", 3, "[B, N, H]");
-  CheckRankIn(seq_lens, 1, "[B]", 2, "[B, N]");
-  CheckRank(block_table, 2, "[B, max_num_pages]");
-  CheckRankIn(topk_indices, 2, "[B * N, K]", 3, "[B, N, K]");
+  CheckRowArgRanks(weights, seq_lens, block_table, topk_indices);
 
-  IndexerShape s;
-  s.batch = q.size(0);
-  const int head_dim = q.ndim() - 1, head_axis = q.ndim() - 2;
-  if (q.ndim() == 4) {
-    const int64_t n = q.size(1);
-    if (n < 1 || n > kMaxQueries) {
-      TVM_FFI_THROW(ValueError) << q.name << " dimension 1 (N, query tokens per row) must be in 1.." << kMaxQueries
-                                << ", got shape " << ShapeString(q);
-    }
-    s.queries = static_cast<int32_t>(n);
-  }
-  s.heads = CheckHeads(q, head_axis);
-  CheckDim(q, head_dim, kHeadDim, "head dim");
-  CheckDim(k_cache, 1, kPageTokens, "tokens per page");
-  CheckDim(k_cache, 2, 1, "the layout's single key head");
-  CheckDim(k_cache, 3, kTokenBytes, "128 fp8 bytes + 4 scale bytes");
-  CheckQueryRows(weights, 3, s, "B * N, query rows, from q");
-  CheckDim(weights, weights.ndim() - 1, s.heads, "H, index heads, from q");
-  CheckDim(seq_lens, 0, s.batch, "B, from q");
-  if (seq_lens.ndim() == 2) CheckDim(seq_lens, 1, s.queries, "N, query tokens per row, from q");
-  s.per_query_lens = seq_lens.ndim() == 2;
-  CheckDim(block_table, 0, s.batch, "B, from q");
-  CheckQueryRows(topk_indices, 3, s, "B * N, query rows, from q");
-  s.topk = CheckTopK(topk_indices);
+  IndexerShape s = PagedQueryShape(q, kHeadDim, "head dim");
+  CheckNotOtherPageFormat(k_cache, kMxfp4TokenBytes, "MXFP4 pages",
+                          "FP8 pages of 132 bytes per token: call ffi_dsa.mxfp4_call / mxfp4_topk_indexer for "
+                          "MXFP4 pages");
+  CheckPageDims(k_cache, kTokenBytes, "128 fp8 bytes + 4 scale bytes");
+  CheckRowArgDims(s, weights, seq_lens, block_table, topk_indices);
   CheckPlacements({&q, &k_cache, &weights, &seq_lens, &block_table, &topk_indices});
   return s;
 }
