@@ -7,6 +7,18 @@ import numpy as np
 # DLPack device types (dlpack.h)
 DL_CPU, DL_CUDA = 1, 2
 
+
+def _strict_bool(name: str, value) -> bool:
+    """`value` as a Python bool when it is a bool (Python's or numpy's), else TypeError naming the
+    option `name`: truthiness would read ``"no"`` as True and a tensor as a host sync, so an option
+    that is a switch takes a switch, as torch's ``bool`` schema arguments do."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    kind = type(value)
+    kind = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    raise TypeError(f"{name} must be a bool (True or False), got {kind} {value!r}")
+
+
 def framework(x) -> str:
     module = type(x).__module__
     if module.startswith("torch"):

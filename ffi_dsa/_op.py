@@ -11,6 +11,7 @@ the TVM global.
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -38,6 +39,12 @@ class Option:
         # an optional int: SymInt, so that torch.compile traces it symbolically (int would be
         # specialized: a recompile for every value)
         return "str" if isinstance(self.default, str) else "SymInt?"
+
+
+def bool_attr(option: str) -> Callable[[Any], bool]:
+    """`to_attr` of a bool option: the value itself when it is a bool (or a numpy bool), else a
+    TypeError naming the option (_arrays._strict_bool)."""
+    return functools.partial(_arrays._strict_bool, option)
 
 
 def choice_attr(option: str, choices: tuple, meaning: tuple):
@@ -73,6 +80,9 @@ class Op:
     validate: Callable[..., None]   # (inputs...) -> None: the host checks behind validate=True
     # (inputs' shapes) -> (query rows, table pages): what sizes a CUDA call's scratch; None: it takes none
     workspace_rows: Callable[[tuple], tuple[int, int]] | None = None
+    # the public call behind `validate` ("ffi_dsa.validate_pages(k_cache, seq_lens, block_table)"), which
+    # errors name where validate=True cannot run (traced JAX arrays have no values to read)
+    validate_with: str = ""
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -108,6 +118,7 @@ def call(op: Op, args: tuple, attrs: tuple, validate: bool) -> None:
     naming the argument before anything is written; ``validate`` runs the op's host checks too."""
     # The C++ check (and tvm-ffi's conversion) rejects whatever is wrong; which argument is no
     # tensor at all is worked out only then (named_argument_error), off the per-call path.
+    validate = _arrays._strict_bool("validate", validate)
     try:
         ready = _arrays.all_dlpack_ready(args, op.arg_names, op.fp8_args)
         kernel = _ffi_api.kernel_for(op.name, _arrays.device_type(args[0]))

@@ -68,8 +68,9 @@ def _with_defaults(op: Op, n_fixed: int):
 
 
 def _attrs_from_values(op: Op):
-    """option values, in order -> the native attributes (bool options are attributes as they are)."""
-    if all(o.to_attr is bool for o in op.options):
+    """option values, in order -> the native attributes (bool options are attributes as they are:
+    the schema's ``bool`` already refused anything else)."""
+    if all(o.torch_type == "bool" for o in op.options):
         return lambda values: values
     to_attrs = [o.to_attr for o in op.options]
     return lambda values: [to_attr(v) for to_attr, v in zip(to_attrs, values)]
