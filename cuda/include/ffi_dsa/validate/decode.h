@@ -51,12 +51,68 @@ inline constexpr const char* kArgNames[6] = {"q (q_index_fp8)", "k_cache (k_inde
 namespace detail {
 
 // An argument with one row per query token: [B, N, ...] (rank `split_rank`) or [B * N, ...].
-inline void CheckQueryRows(const ArgMeta& t, int split_rank, const IndexerShape& s, const char* rows_layout) {
+inline void CheckQueryRows(const ArgMeta& t, int split_rank, const IndexerShape& s, const char* rows_layout,
+                           const std::string& accepted = "") {
   if (t.ndim() == split_rank) {
-    CheckDim(t, 0, s.batch, "B, from q");
-    CheckDim(t, 1, s.queries, "N, query tokens per row, from q");
+    CheckDim(t, 0, s.batch, "B, from q", accepted);
+    CheckDim(t, 1, s.queries, "N, query tokens per row, from q", accepted);
   } else {
-    CheckDim(t, 0, s.batch * s.queries, rows_layout);
+    CheckDim(t, 0, s.batch * s.queries, rows_layout, accepted);
+  }
+}
+
+// q's own checks: its rank, N and H, which every other argument's shape is checked against.
+inline IndexerShape CheckQueryMeta(const ArgMeta& q) {
+  CheckRankIn(q, 3, "[B, H, 128]", 4, "[B, N, H, 128]");
+  IndexerShape s;
+  s.batch = q.size(0);
+  if (q.ndim() == 4) {
+    const int64_t n = q.size(1);
+    if (n < 1 || n > kMaxQueries) {
+      TVM_FFI_THROW(ValueError) << q.name << " dimension 1 (N, query tokens per row) must be in 1.." << kMaxQueries
+                                << ", got shape " << ShapeString(q);
+    }
+    s.queries = static_cast<int32_t>(n);
+  }
+  s.heads = CheckHeads(q, q.ndim() - 2);
+  CheckDim(q, q.ndim() - 1, kHeadDim, "head dim");
+  return s;
+}
+
+// The shapes of weights, seq_lens, block_table and topk_indices against q's B, N and H. The fast
+// path compares integers; a message, built only for a mistake, names the dimension that is wrong
+// and then every shape that would do, in the caller's numbers.
+inline void CheckRowShapes(const ArgMeta& q, const ArgMeta& weights, const ArgMeta& seq_lens,
+                           const ArgMeta& block_table, const ArgMeta& topk_indices, const IndexerShape& s) {
+  const int64_t b = s.batch, n = s.queries, h = s.heads, bn = s.batch * s.queries;
+  auto sizes = [&] {
+    return "B = " + Dim(b) + ", N = " + Dim(n) + ", H = " + Dim(h) + " from q of shape " + ShapeString(q);
+  };
+  if (!ShapeIs(weights, {bn, h}) && !ShapeIs(weights, {b, n, h})) {
+    std::string ok = AcceptedShapes(
+        weights, {{{Dim(bn), Dim(h)}, "[B * N, H]"}, {{Dim(b), Dim(n), Dim(h)}, "[B, N, H]"}}, sizes());
+    if (ShapeIs(weights, {bn, h, 1})) ok += " (a [B * N, H, 1] buffer holds those bytes: squeeze its last dimension)";
+    CheckRankIn(weights, 2, "[B * N, H]", 3, "[B, N, H]", ok);
+    CheckQueryRows(weights, 3, s, "B * N, query rows, from q", ok);
+    CheckDim(weights, weights.ndim() - 1, h, "H, index heads, from q", ok);
+  }
+  if (!ShapeIs(seq_lens, {b}) && !ShapeIs(seq_lens, {b, n})) {
+    const std::string ok = AcceptedShapes(seq_lens, {{{Dim(b)}, "[B]"}, {{Dim(b), Dim(n)}, "[B, N]"}}, sizes());
+    CheckRankIn(seq_lens, 1, "[B]", 2, "[B, N]", ok);
+    CheckDim(seq_lens, 0, b, "B, from q", ok);
+    if (seq_lens.ndim() == 2) CheckDim(seq_lens, 1, n, "N, query tokens per row, from q", ok);
+  }
+  if (!ShapeIs(block_table, {b, -1})) {
+    const std::string ok = AcceptedShapes(block_table, {{{Dim(b), "max_num_pages"}, "[B, max_num_pages]"}}, sizes());
+    CheckRank(block_table, 2, "[B, max_num_pages]", ok);
+    CheckDim(block_table, 0, b, "B, from q", ok);
+  }
+  if (!ShapeIs(topk_indices, {bn, -1}) && !ShapeIs(topk_indices, {b, n, -1})) {
+    const std::string ok =
+        AcceptedShapes(topk_indices, {{{Dim(bn), "K"}, "[B * N, K]"}, {{Dim(b), Dim(n), "K"}, "[B, N, K]"}},
+                       sizes() + ", K <= " + Dim(kMaxTopK));
+    CheckRankIn(topk_indices, 2, "[B * N, K]", 3, "[B, N, K]", ok);
+    CheckQueryRows(topk_indices, 3, s, "B * N, query rows, from q", ok);
   }
 }
 
@@ -79,36 +135,18 @@ inline IndexerShape CheckIndexerMeta(const ArgMeta& q, const ArgMeta& k_cache, c
   CheckDType(block_table, Is(block_table.dtype, kDLInt, 32), "int32");
   CheckDType(topk_indices, Is(topk_indices.dtype, kDLInt, 32), "int32");
 
-  CheckRankIn(q, 3, "[B, H, 128]", 4, "[B, N, H, 128]");
-  CheckRank(k_cache, 4, "[num_pages, 64, 1, 132]");
-  CheckRankIn(weights, 2, "[B * N, H]", 3, "[B, N, H]");
-  CheckRankIn(seq_lens, 1, "[B]", 2, "[B, N]");
-  CheckRank(block_table, 2, "[B, max_num_pages]");
-  CheckRankIn(topk_indices, 2, "[B * N, K]", 3, "[B, N, K]");
-
-  IndexerShape s;
-  s.batch = q.size(0);
-  const int head_dim = q.ndim() - 1, head_axis = q.ndim() - 2;
-  if (q.ndim() == 4) {
-    const int64_t n = q.size(1);
-    if (n < 1 || n > kMaxQueries) {
-      TVM_FFI_THROW(ValueError) << q.name << " dimension 1 (N, query tokens per row) must be in 1.." << kMaxQueries
-                                << ", got shape " << ShapeString(q);
-    }
-    s.queries = static_cast<int32_t>(n);
-  }
-  s.heads = CheckHeads(q, head_axis);
-  CheckDim(q, head_dim, kHeadDim, "head dim");
+  // then q, whose B, N and H the other shapes are checked (and explained) in
+  IndexerShape s = CheckQueryMeta(q);
+  CheckRank(k_cache, 4, "[num_pages, 64, 1, 132]",
+            k_cache.ndim() == 2 || k_cache.ndim() == 3
+                ? "; a [num_pages, 8448] or [num_pages, 64, 132] buffer holds those bytes: view it as "
+                  "[num_pages, 64, 1, 132]"
+                : "");
   CheckDim(k_cache, 1, kPageTokens, "tokens per page");
   CheckDim(k_cache, 2, 1, "the layout's single key head");
   CheckDim(k_cache, 3, kTokenBytes, "128 fp8 bytes + 4 scale bytes");
-  CheckQueryRows(weights, 3, s, "B * N, query rows, from q");
-  CheckDim(weights, weights.ndim() - 1, s.heads, "H, index heads, from q");
-  CheckDim(seq_lens, 0, s.batch, "B, from q");
-  if (seq_lens.ndim() == 2) CheckDim(seq_lens, 1, s.queries, "N, query tokens per row, from q");
+  CheckRowShapes(q, weights, seq_lens, block_table, topk_indices, s);
   s.per_query_lens = seq_lens.ndim() == 2;
-  CheckDim(block_table, 0, s.batch, "B, from q");
-  CheckQueryRows(topk_indices, 3, s, "B * N, query rows, from q");
   s.topk = CheckTopK(topk_indices);
   CheckPlacements({&q, &k_cache, &weights, &seq_lens, &block_table, &topk_indices});
   return s;
