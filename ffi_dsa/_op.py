@@ -97,6 +97,13 @@ class Op:
         return _ffi_api.kernel_for(self.name, device_type)
 
 
+class TopKRangeError(ValueError, IndexError):
+    """A `topk` no output can have (negative, or above MAX_TOPK): the contract's ValueError, which
+    is also an IndexError because that is the one error torch.compile's fake-tensor pass lets
+    through as it is (any other surfaces as a TorchRuntimeError whose first line is dynamo's, with
+    this message further down)."""
+
+
 def checked_topk(topk) -> int:
     """K as an int, or ValueError, shared by every entry point that allocates the output: a
     negative K is no output shape (C++ cannot see it), and a K above MAX_TOPK is refused here,
@@ -106,9 +113,9 @@ def checked_topk(topk) -> int:
     except TypeError:
         raise TypeError(f"topk must be an int, got {topk!r}") from None
     if topk < 0:
-        raise ValueError(f"topk must be >= 0, got {topk}")
+        raise TopKRangeError(f"topk must be >= 0, got {topk}")
     if topk > MAX_TOPK:
-        raise ValueError(f"topk must be <= {MAX_TOPK} (the kernel supports K <= {MAX_TOPK}), got {topk}")
+        raise TopKRangeError(f"topk must be <= {MAX_TOPK} (the kernel supports K <= {MAX_TOPK}), got {topk}")
     return topk
 
 

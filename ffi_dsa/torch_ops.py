@@ -144,9 +144,9 @@ def fake_kernels(op: Op):
     def functional(*args):
         args = fill(args)
         inputs, topk = args[:n], args[n]
-        _check_options(op, args[n + 1:])
-        if isinstance(topk, int):
+        if isinstance(topk, int):  # first: under torch.compile its message then leads (TopKRangeError)
             checked_topk(topk)
+        _check_options(op, args[n + 1:])
         same_device(inputs, op.arg_names)
         return inputs[0].new_empty(op.output_shape(inputs[0].shape, topk), dtype=torch.int32)
 
