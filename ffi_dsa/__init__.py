@@ -13,13 +13,15 @@ ffi_dsa/docs/contract.md.
 
 Importing the package loads nothing native: each name below loads its module on first use (the
 native module, through tvm_ffi, which imports torch when it is installed). The framework entry
-points are modules of their own: ``import ffi_dsa.torch_ops`` registers ``torch.ops.dsa.*``; the
-allocating entry points take JAX arrays to ``ffi_dsa.jax_ops`` (XLA FFI calls, under ``jax.jit`` too);
-``ffi_dsa.tvm_relax`` holds the TVM globals.
+points are modules of their own: ``import ffi_dsa.torch_ops`` registers ``torch.ops.dsa.*``, which
+``import ffi_dsa`` does itself when torch is already imported (registering loads nothing native
+either); the allocating entry points take JAX arrays to ``ffi_dsa.jax_ops`` (XLA FFI calls, under
+``jax.jit`` too); ``ffi_dsa.tvm_relax`` holds the TVM globals.
 """
 
 from __future__ import annotations
 
+import sys as _sys
 from importlib import import_module as _import_module
 from typing import TYPE_CHECKING
 
@@ -60,3 +62,9 @@ def __dir__() -> list[str]:
 
 __version__ = "0.1.0"
 __all__ = ["NativeBuildError", *_API]
+
+# A program that imported torch expects torch.ops.dsa.* after `import ffi_dsa`, as with other torch
+# extension libraries; one that did not pays nothing for torch here (`import ffi_dsa.torch_ops`
+# registers them later, in any order).
+if "torch" in _sys.modules:
+    _import_module(".torch_ops", __name__)

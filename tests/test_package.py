@@ -51,17 +51,19 @@ def test_ci_installed_the_modules_its_wheel_build_kept():
 
 
 def test_layout_constants_are_those_of_contract_h():
-    """ffi_dsa.contract reads the compiled module; the sources a JIT build would compile say the same."""
-    header = (_build.native_dir() / "include" / "ffi_dsa" / "contract.h").read_text()
-    written = {name: int(value) for name, value in re.findall(r"constexpr int (k\w+) = (\d+);", header)}
-    assert written["kNumHeads"] == contract.NUM_HEADS
-    assert written["kNumHeadsNarrow"] == contract.NUM_HEADS_NARROW
+    """ffi_dsa.contract reads the header the package ships (nothing native at import); the compiled
+    CPU module, built from the same header, says the same, and the header says what is written here."""
+    compiled = {str(k): int(v) for k, v in _ffi_api.cpu().contract_constants().items()}
+    assert compiled == {"num_heads": contract.NUM_HEADS, "num_heads_narrow": contract.NUM_HEADS_NARROW,
+                        "max_queries": contract.MAX_QUERIES, "head_dim": contract.HEAD_DIM,
+                        "page_tokens": contract.PAGE_TOKENS, "token_bytes": contract.TOKEN_BYTES,
+                        "page_fp8_bytes": contract.PAGE_FP8_BYTES, "page_bytes": contract.PAGE_BYTES,
+                        "max_topk": contract.MAX_TOPK}
+    ids = {str(op): tuple(str(n) for n in names) for op, names in _ffi_api.cpu().contract_ids().items()}
+    assert ids == {"topk_indexer": contract.DECODE_IDS, "prefill_topk_indexer": contract.PREFILL_IDS}
+    assert (contract.NUM_HEADS, contract.NUM_HEADS_NARROW, contract.MAX_QUERIES, contract.HEAD_DIM) == (64, 32, 4, 128)
+    assert (contract.PAGE_TOKENS, contract.TOKEN_BYTES, contract.MAX_TOPK) == (64, 132, 2048)
     assert contract.SUPPORTED_HEADS == (contract.NUM_HEADS_NARROW, contract.NUM_HEADS)
-    assert written["kMaxQueries"] == contract.MAX_QUERIES
-    assert written["kHeadDim"] == contract.HEAD_DIM
-    assert written["kPageTokens"] == contract.PAGE_TOKENS
-    assert written["kTokenBytes"] == contract.TOKEN_BYTES
-    assert written["kMaxTopK"] == contract.MAX_TOPK
     assert contract.PAGE_BYTES == contract.PAGE_TOKENS * contract.TOKEN_BYTES
     assert contract.PAGE_FP8_BYTES == contract.PAGE_TOKENS * contract.HEAD_DIM
 
