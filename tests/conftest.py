@@ -112,8 +112,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     per test location), so that a reason that matters is not lost among the ones that do not."""
     gpu = config.stash.get(_GPU_DESELECTED, 0)
     if gpu:
-        terminalreporter.write_line(f"ffi_dsa: {gpu} tests marked cuda deselected: torch.cuda.is_available() is "
-                                    "False here (they run where it is True)")
+        terminalreporter.write_line(f"ffi_dsa: {gpu} test{'s' if gpu != 1 else ''} marked cuda deselected: "
+                                    "torch.cuda.is_available() is False here (they run where it is True)")
     reasons: dict[str, list[str]] = {}
     for report in terminalreporter.stats.get("skipped", []):
         if isinstance(report.longrepr, tuple):

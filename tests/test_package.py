@@ -152,3 +152,20 @@ def test_cli_info_reports_the_cpu_module(capsys):
     assert _ffi_api.module_path("cpu") in out
     if not CUDA:
         assert '"gpus": []' in out
+
+
+def test_the_docs_name_every_cmake_option_and_the_cuda_skip():
+    """docs/build.md names each option() and cache setting of CMakeLists.txt, and it and the README's
+    install section give the switch that skips the CUDA module as pip takes it."""
+    if not (CHECKOUT / "CMakeLists.txt").is_file():
+        pytest.skip("no checkout beside the tests")
+    cmake = (CHECKOUT / "CMakeLists.txt").read_text()
+    options = re.findall(r"^option\((FFI_DSA_\w+)", cmake, flags=re.M)
+    settings = re.findall(r"^set\((FFI_DSA_\w+) .* CACHE ", cmake, flags=re.M)
+    assert "FFI_DSA_CUDA" in options, options
+    build = (CHECKOUT / "docs" / "build.md").read_text()
+    assert [name for name in options + settings if f"`{name}`" not in build] == []
+    readme = (CHECKOUT / "README.md").read_text()
+    for text in (build, readme):
+        assert "-C cmake.define.FFI_DSA_CUDA=OFF" in text
+
