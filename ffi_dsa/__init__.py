@@ -37,6 +37,9 @@ _API_MODULES = {
     "prefill_reference": ("check_prefill_topk", "reference_prefill", "reference_prefill_scores"),
 }
 _API = {name: module for module, names in _API_MODULES.items() for name in names}
+# Names an earlier main had, and what took their place (CHANGELOG.md).
+_RENAMED = {"prefill_topk": "ffi_dsa.prefill_topk_indexer, which allocates and returns the output (the DPS form "
+                            "is ffi_dsa.prefill_call)"}
 
 if TYPE_CHECKING:  # what type checkers and import graphs see; at run time __getattr__ loads these
     from .cpu_options import cpu_kernel, cpu_kernels, set_cpu_kernel, set_cpu_threads
@@ -50,6 +53,8 @@ if TYPE_CHECKING:  # what type checkers and import graphs see; at run time __get
 def __getattr__(name: str):
     """A public name, loaded with its module on first use (PEP 562)."""
     if name not in _API:
+        if name in _RENAMED:
+            raise AttributeError(f"ffi_dsa.{name} was renamed: use {_RENAMED[name]} (CHANGELOG.md)")
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(_import_module(f".{_API[name]}", __name__), name)
     globals()[name] = value

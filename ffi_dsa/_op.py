@@ -16,6 +16,8 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from . import _arrays, _ffi_api
 from .contract import MAX_TOPK
 
@@ -111,6 +113,11 @@ def checked_topk(topk) -> int:
     try:
         topk = operator.index(topk)
     except TypeError:
+        if hasattr(topk, "__dlpack__") or isinstance(topk, np.ndarray):
+            # the DPS form's output where the allocating form takes K (prefill_topk_indexer was the DPS name once)
+            raise TypeError(f"topk must be an int (K, the output's width), got a {type(topk).__name__}: this entry "
+                            "point allocates and returns the output; to write into a buffer of your own call the "
+                            "DPS form (ffi_dsa.call, ffi_dsa.prefill_call) with it as the last tensor") from None
         raise TypeError(f"topk must be an int, got {topk!r}") from None
     if topk < 0:
         raise TopKRangeError(f"topk must be >= 0, got {topk}")

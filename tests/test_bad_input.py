@@ -321,6 +321,22 @@ def test_topk_that_is_not_an_int_is_a_type_error_naming_it(topk):
         ffi_dsa.topk_indexer(*(args[n] for n in NAMES[:5]), topk=topk)
 
 
+def test_an_output_passed_as_topk_says_to_call_the_dps_form():
+    """A script of an earlier main called prefill_topk_indexer(..., topk_indices), the DPS form of
+    then (CHANGELOG.md): the TypeError names topk and the entry point to call instead."""
+    from ffi_dsa.prefill_workloads import make_prefill_batch
+
+    chunk = make_prefill_batch([300, 100], queries=[8, 4], seed=64)
+    out = poisoned_np((chunk.rows, K))
+    with pytest.raises(TypeError, match=r"^topk must be an int .*ffi_dsa\.prefill_call") as err:
+        ffi_dsa.prefill_topk_indexer(*chunk.args(), out)
+    assert "got a ndarray" in str(err.value)
+    with pytest.raises(TypeError, match=r"^topk must be an int .*ffi_dsa\.call"):
+        ffi_dsa.topk_indexer(*(_np_args()[n] for n in NAMES[:5]), torch.zeros((2, K), dtype=torch.int32))
+    with pytest.raises(AttributeError, match=r"^ffi_dsa\.prefill_topk was renamed: use ffi_dsa\.prefill_topk_indexer"):
+        ffi_dsa.prefill_topk  # noqa: B018
+
+
 @pytest.mark.parametrize("which", NAMES)
 def test_meta_tensor_is_a_value_error_naming_it(which):
     """A torch meta tensor (shapes, no data) given to ffi_dsa.call: ValueError naming it."""
