@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -31,20 +32,33 @@ def test_script_env_puts_the_package_first_and_keeps_pythonpath(monkeypatch):
     assert script_env()["PYTHONPATH"] == FFI_DSA_PARENT
 
 
+def _site_dirs() -> list[Path]:
+    """The folders this interpreter's children import packages from, in sys.path order: the folders
+    PYTHONPATH names (the GPU machine's carried wheels, a checkout) and site-packages (which add
+    their .pth folders themselves); not the stdlib, a script's folder or pytest's test folders."""
+    named = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    allowed = {Path(p).resolve() for p in (*named, *site.getsitepackages())}
+    found = [Path(p).resolve() for p in sys.path if p and Path(p).resolve() in allowed]
+    return [p for p in dict.fromkeys(found) if p.is_dir()]
+
+
 def _interpreter_without_tvm_ffi(root: Path) -> Path:
-    """A venv whose site holds this interpreter's packages (links) but not tvm_ffi, and a copy of the
-    ffi_dsa under test (a copy: a link would resolve back to a folder that holds tvm_ffi)."""
+    """A venv whose site holds links to every package this interpreter imports but tvm_ffi (first
+    found wins, as on sys.path), with the ffi_dsa under test where no tvm_ffi is beside it."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
     python = root / "venv" / "bin" / "python"
-    site_packages = Path(tvm_ffi.__file__).resolve().parent.parent
     site = root / "site"
     site.mkdir()
     hidden = ("tvm_ffi", "apache_tvm_ffi-", "ffi_dsa", "__pycache__")
-    for entry in site_packages.iterdir():
-        if not entry.name.startswith(hidden):
-            (site / entry.name).symlink_to(entry)
-    shutil.copytree(Path(ffi_dsa.__file__).resolve().parent, site / "ffi_dsa",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in _site_dirs():
+        for entry in folder.iterdir():
+            if not entry.name.startswith(hidden) and not (site / entry.name).exists():
+                (site / entry.name).symlink_to(entry)
+    package = Path(ffi_dsa.__file__).resolve().parent
+    if (package.parent / "tvm_ffi").exists():  # an installed ffi_dsa: a copy (a link would lead back)
+        shutil.copytree(package, site / "ffi_dsa", ignore=shutil.ignore_patterns("__pycache__"))
+    else:  # a checkout's (its sources beside it, no tvm_ffi there)
+        (site / "ffi_dsa").symlink_to(package)
     own_site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                               check=True, capture_output=True, text=True).stdout.strip()
     # addsitedir: the linked folder's own .pth files are processed as site-packages' are
@@ -64,7 +78,7 @@ def test_children_of_the_tests_find_tvm_ffi_through_pythonpath_alone(tmp_path):
     probe = "import ffi_dsa, pathlib; print(pathlib.Path(ffi_dsa.__file__).parent); import tvm_ffi"
     alone = subprocess.run([str(python), "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert alone.returncode != 0 and "No module named 'tvm_ffi'" in alone.stderr, alone.stderr[-2000:]
-    assert alone.stdout.strip() == str(tmp_path / "site" / "ffi_dsa"), "the child must import the copy"
+    assert Path(alone.stdout.strip()).parent != Path(tvm_ffi.__file__).resolve().parent.parent, "ffi_dsa beside tvm_ffi"
     env["PYTHONPATH"] = str(carried)
     # the same tests, in that interpreter: the children they start must find tvm_ffi as it did
     done = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
