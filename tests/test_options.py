@@ -148,3 +148,19 @@ def test_the_relax_modules_bool_options_are_strict():
         tvm_relax.indexer_module(with_max_seq_len=1)
     with _raises_naming("sorted", "no"):
         tvm_relax.prefill_module(sorted="no")
+
+
+def test_the_reference_and_its_checks_take_bools_only():
+    batch = make_batch([300, 70], seed=507)
+    chunk = make_prefill_batch([300, 100], queries=[8, 4], seed=508)
+    idx = ffi_dsa.topk_indexer(*batch.args(), topk=K)
+    with _raises_naming("sorted", "no"):
+        ffi_dsa.check_topk(idx, *batch.args(), sorted="no")
+    with _raises_naming("sorted", 1):
+        ffi_dsa.reference(*batch.args(), topk=K, sorted=1)
+    with _raises_naming("sorted", "no"):
+        ffi_dsa.check_prefill_topk(ffi_dsa.prefill_topk_indexer(*chunk.args(), topk=K), *chunk.args(), sorted="no")
+    with _raises_naming("sorted", None):
+        ffi_dsa.reference_prefill(*chunk.args(), topk=K, sorted=None)
+    assert ffi_dsa.check_topk(idx, *batch.args(), sorted=np.False_) == []
+
