@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # The one script a GPU call runs, from the repository root of the device machine:
 #
-#   bash benchmarks/device_run.sh [build|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded|all]...
-#                                                                                             (default: all)
+#   bash benchmarks/device_run.sh [build|test|test1|test2|sanitize|bench|options|queries|counters|fuzz|chain|
+#                                  prefill|sharded|all]...                                    (default: all)
 #
 #   build     import ffi_dsa, force the CUDA module build, print ptxas resource usage (-Xptxas -v)
 #             of each arch's translation units (cuda/csrc/sm_*/)
 #   test      python3 -m pytest -q -x tests                      -> $OUT/pytest.log
+#   test1     the first half of test's tests (every other one: pytest --part 1/2, tests/conftest.py)
+#                                                                -> $OUT/pytest_part1.log
+#   test2     the other half (--part 2/2); test1 then test2, as two calls, run what test runs in one,
+#             each in about half its time (the whole suite on an H200 took over ten minutes)
+#                                                                -> $OUT/pytest_part2.log
 #   sanitize  compute-sanitizer memcheck / racecheck / synccheck over benchmarks/sanitize_cases.py
 #                                                                -> $OUT/sanitize.log
 #   bench     benchmarks/bench_gpu.py                            -> $OUT/bench.{log,json,png}
@@ -133,16 +138,22 @@ EOF
   return $rc
 }
 
-step_test() {
+run_pytest() {  # run_pytest LOG [EXTRA PYTEST ARGS]...
+  local log=$1 rc
+  shift
   python3 -c "import pytest" 2>/dev/null || { echo "test: pytest is not importable here (carry its wheels in .whl/)"; return 1; }
   set -o pipefail
   # shellcheck disable=SC2086
-  python3 -m pytest ${PYTEST_ARGS:--q -x tests} 2>&1 | tee "$OUT/pytest.log"
-  local rc=$?
+  python3 -m pytest ${PYTEST_ARGS:--q -x tests} "$@" 2>&1 | tee "$OUT/$log"
+  rc=$?
   set +o pipefail
   [ "$rc" -eq 5 ] && echo "test: pytest collected no tests (exit 5): counted as a failure"
   return $rc
 }
+
+step_test() { run_pytest pytest.log; }
+step_test1() { run_pytest pytest_part1.log --part 1/2 --durations=15; }
+step_test2() { run_pytest pytest_part2.log --part 2/2 --durations=15; }
 
 step_sanitize() {
   local tool rc=0 one sanitizer
@@ -278,8 +289,8 @@ EXPANDED=()
 for s in "${STEPS[@]}"; do
   case "$s" in
     all) EXPANDED+=(build test sanitize bench) ;;
-    build|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded) EXPANDED+=("$s") ;;
-    *) echo "usage: bash benchmarks/device_run.sh [build|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded|all]..."
+    build|test|test1|test2|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded) EXPANDED+=("$s") ;;
+    *) echo "usage: bash benchmarks/device_run.sh [build|test|test1|test2|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded|all]..."
        exit 2 ;;
   esac
 done

@@ -111,8 +111,9 @@ def launch(processes: int, script: str = CHECK_SCRIPT, args=(), platform: str = 
             child.wait()
         else:
             done.returncode = child.returncode
-    for pump in pumps:
+    for pump, child in zip(pumps, children):
         pump.join(timeout=5)
+        child.stdout.close()  # each pipe is read to its end by then; an unclosed one is a ResourceWarning
     return finished
 
 

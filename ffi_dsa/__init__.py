@@ -13,13 +13,15 @@ ffi_dsa/docs/contract.md.
 
 Importing the package loads nothing native: each name below loads its module on first use (the
 native module, through tvm_ffi, which imports torch when it is installed). The framework entry
-points are modules of their own: ``import ffi_dsa.torch_ops`` registers ``torch.ops.dsa.*``; the
-allocating entry points take JAX arrays to ``ffi_dsa.jax_ops`` (XLA FFI calls, under ``jax.jit`` too);
-``ffi_dsa.tvm_relax`` holds the TVM globals.
+points are modules of their own: ``import ffi_dsa.torch_ops`` registers ``torch.ops.dsa.*``, which
+``import ffi_dsa`` does itself when torch is already imported (registering loads nothing native
+either); the allocating entry points take JAX arrays to ``ffi_dsa.jax_ops`` (XLA FFI calls, under
+``jax.jit`` too); ``ffi_dsa.tvm_relax`` holds the TVM globals.
 """
 
 from __future__ import annotations
 
+import sys as _sys
 from importlib import import_module as _import_module
 from typing import TYPE_CHECKING
 
@@ -38,6 +40,9 @@ _API_MODULES = {
     "mxfp4_reference": ("check_mxfp4_topk", "reference_mxfp4", "reference_mxfp4_scores"),
 }
 _API = {name: module for module, names in _API_MODULES.items() for name in names}
+# Names an earlier main had, and what took their place (CHANGELOG.md).
+_RENAMED = {"prefill_topk": "ffi_dsa.prefill_topk_indexer, which allocates and returns the output (the DPS form "
+                            "is ffi_dsa.prefill_call)"}
 
 if TYPE_CHECKING:  # what type checkers and import graphs see; at run time __getattr__ loads these
     from .cpu_options import cpu_kernel, cpu_kernels, set_cpu_kernel, set_cpu_threads
@@ -54,6 +59,8 @@ if TYPE_CHECKING:  # what type checkers and import graphs see; at run time __get
 def __getattr__(name: str):
     """A public name, loaded with its module on first use (PEP 562)."""
     if name not in _API:
+        if name in _RENAMED:
+            raise AttributeError(f"ffi_dsa.{name} was renamed: use {_RENAMED[name]} (CHANGELOG.md)")
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(_import_module(f".{_API[name]}", __name__), name)
     globals()[name] = value
@@ -66,3 +73,9 @@ def __dir__() -> list[str]:
 
 __version__ = "0.1.0"
 __all__ = ["NativeBuildError", *_API]
+
+# A program that imported torch expects torch.ops.dsa.* after `import ffi_dsa`, as with other torch
+# extension libraries; one that did not pays nothing for torch here (`import ffi_dsa.torch_ops`
+# registers them later, in any order).
+if "torch" in _sys.modules:
+    _import_module(".torch_ops", __name__)

@@ -8,12 +8,14 @@ import numpy as np
 DL_CPU, DL_CUDA = 1, 2
 
 def _strict_bool(name: str, value) -> bool:
-    """`value` of the bool option `name` as a bool: a Python bool or a numpy bool only. Anything
-    else (an int, a string, None, a tensor) is a TypeError naming the option and the type it got:
-    ``sorted=1`` or ``validate="no"`` would otherwise pass by truthiness."""
+    """`value` as a Python bool when it is a bool (Python's or numpy's), else TypeError naming the
+    option `name`: truthiness would read ``"no"`` as True and a tensor as a host sync, so an option
+    that is a switch takes a switch, as torch's ``bool`` schema arguments do."""
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
+    kind = type(value)
+    kind = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    raise TypeError(f"{name} must be a bool (True or False), got {kind} {value!r}")
 
 
 def framework(x) -> str:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import functools
 import threading
-
-import tvm_ffi
+from typing import TYPE_CHECKING
 
 from . import _build, _native
+
+if TYPE_CHECKING:
+    import tvm_ffi
 
 _lock = threading.Lock()
 
@@ -26,6 +28,10 @@ def module_path(kind: str) -> str:
 
 @functools.cache
 def _load(kind: str) -> tvm_ffi.Module:
+    # imported here: tvm_ffi imports torch when it is installed, and importing this module (which
+    # ffi_dsa.torch_ops does to register the ops) must load nothing native
+    import tvm_ffi
+
     return tvm_ffi.load_module(module_path(kind))
 
 

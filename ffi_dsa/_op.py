@@ -11,9 +11,12 @@ the TVM global.
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable
+
+import numpy as np
 
 from . import _arrays, _ffi_api
 from .contract import MAX_TOPK
@@ -38,6 +41,12 @@ class Option:
         # an optional int: SymInt, so that torch.compile traces it symbolically (int would be
         # specialized: a recompile for every value)
         return "str" if isinstance(self.default, str) else "SymInt?"
+
+
+def bool_attr(option: str) -> Callable[[Any], bool]:
+    """`to_attr` of a bool option: the value itself when it is a bool (or a numpy bool), else a
+    TypeError naming the option (_arrays._strict_bool)."""
+    return functools.partial(_arrays._strict_bool, option)
 
 
 def choice_attr(option: str, choices: tuple, meaning: tuple):
@@ -76,6 +85,9 @@ class Op:
     # the device types a native module serves it on; on another one every entry point raises
     # NotImplementedError before anything is written (an op whose CUDA kernel is still to come)
     devices: tuple[str, ...] = ("cpu", "cuda")
+    # the public call behind `validate` ("ffi_dsa.validate_pages(k_cache, seq_lens, block_table)"), which
+    # errors name where validate=True cannot run (traced JAX arrays have no values to read)
+    validate_with: str = ""
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -96,6 +108,13 @@ class Op:
         return _ffi_api.kernel_for(self.name, device_type)
 
 
+class TopKRangeError(ValueError, IndexError):
+    """A `topk` no output can have (negative, or above MAX_TOPK): the contract's ValueError, which
+    is also an IndexError because that is the one error torch.compile's fake-tensor pass lets
+    through as it is (any other surfaces as a TorchRuntimeError whose first line is dynamo's, with
+    this message further down)."""
+
+
 def checked_topk(topk) -> int:
     """K as an int, or ValueError, shared by every entry point that allocates the output: a
     negative K is no output shape (C++ cannot see it), and a K above MAX_TOPK is refused here,
@@ -103,11 +122,16 @@ def checked_topk(topk) -> int:
     try:
         topk = operator.index(topk)
     except TypeError:
+        if hasattr(topk, "__dlpack__") or isinstance(topk, np.ndarray):
+            # the DPS form's output where the allocating form takes K (prefill_topk_indexer was the DPS name once)
+            raise TypeError(f"topk must be an int (K, the output's width), got a {type(topk).__name__}: this entry "
+                            "point allocates and returns the output; to write into a buffer of your own call the "
+                            "DPS form (ffi_dsa.call, ffi_dsa.prefill_call) with it as the last tensor") from None
         raise TypeError(f"topk must be an int, got {topk!r}") from None
     if topk < 0:
-        raise ValueError(f"topk must be >= 0, got {topk}")
+        raise TopKRangeError(f"topk must be >= 0, got {topk}")
     if topk > MAX_TOPK:
-        raise ValueError(f"topk must be <= {MAX_TOPK} (the kernel supports K <= {MAX_TOPK}), got {topk}")
+        raise TopKRangeError(f"topk must be <= {MAX_TOPK} (the kernel supports K <= {MAX_TOPK}), got {topk}")
     return topk
 
 
@@ -117,6 +141,7 @@ def call(op: Op, args: tuple, attrs: tuple, validate: bool) -> None:
     naming the argument before anything is written; ``validate`` runs the op's host checks too."""
     # The C++ check (and tvm-ffi's conversion) rejects whatever is wrong; which argument is no
     # tensor at all is worked out only then (named_argument_error), off the per-call path.
+    validate = _arrays._strict_bool("validate", validate)
     try:
         ready = _arrays.all_dlpack_ready(args, op.arg_names, op.fp8_args)
         kernel = op.kernel_for(_arrays.device_type(args[0]))

@@ -67,11 +67,12 @@ OP = _op.Op(
     fp8_args=frozenset({0}),
     row_args=(0, 2, 3, 4),
     length_args=(3,),
-    options=(_op.Option("sorted", False, (False, True), "sorted", bool),
+    options=(_op.Option("sorted", False, (False, True), "sorted", _op.bool_attr("sorted")),
              _op.Option("ids", IDS[0], IDS, "positions", positions),
              _op.Option("max_seq_len", None, None, "max_seq_len", max_seq_len_attr)),
     output_shape=output_shape,
     validate=_validate_inputs,
+    validate_with="ffi_dsa.validate_pages(k_cache, seq_lens, block_table)",
     workspace_rows=_workspace_rows,
 )
 
@@ -97,7 +98,7 @@ def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool 
     inputs) and raises instead of masking them.
     """
     _op.call(OP, (q, k_cache, weights, seq_lens, block_table, topk_indices),
-             (bool(sorted), positions(ids), max_seq_len_attr(max_seq_len)), validate)
+             (_arrays._strict_bool("sorted", sorted), positions(ids), max_seq_len_attr(max_seq_len)), validate)
 
 
 def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False,
@@ -117,8 +118,9 @@ def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT
 
 
 def validate_pages(k_cache, seq_lens, block_table) -> None:
-    """Raise ValueError for what the kernels would otherwise mask: negative or too-long lengths
-    and page ids outside ``[0, num_pages)`` among the pages a row uses.
+    """Raise ValueError for what the kernels would otherwise mask or take as it stands: negative or
+    too-long lengths, page ids outside ``[0, num_pages)`` among the pages a row uses, and a page id
+    repeated among them (both columns named).
 
     seq_lens is ``[B]`` (each row's length: its last query sees the whole row, docs/contract.md §7)
     or ``[B, N]`` (each query's own length, every entry checked; a row uses the pages of its longest
@@ -136,11 +138,30 @@ def validate_pages(k_cache, seq_lens, block_table) -> None:
         n = int(row[longest]) if row.size else 0
         used = table[b, : (n + PAGE_TOKENS - 1) // PAGE_TOKENS]
         bad = np.nonzero((used < 0) | (used >= num_pages))[0]
+        entry = _entry_name(b, (longest,) if lens.ndim == 2 else ())
         if bad.size:
             j = int(bad[0])
-            entry = _entry_name(b, (longest,) if lens.ndim == 2 else ())
             raise ValueError(f"block_table[{b}, {j}] = {int(used[j])} is not a page id in [0, {num_pages}) "
                              f"and row {b} uses it ({entry} = {n})")
+        repeat = _repeated_page(used)
+        if repeat:
+            first, second = repeat
+            raise ValueError(f"block_table[{b}, {first}] and block_table[{b}, {second}] are both page "
+                             f"{int(used[first])} and row {b} uses both ({entry} = {n}): a page holds {PAGE_TOKENS} "
+                             "consecutive tokens of a row, so a page listed twice in one row is a broken block table "
+                             "(its tokens would be candidates twice, and with ids=\"slots\" their ids would repeat)")
+
+
+def _repeated_page(used: np.ndarray) -> tuple[int, int] | None:
+    """The columns (first, second) of the earliest repeat of a page id in a row's used pages, else None."""
+    if used.size < 2:
+        return None
+    order = np.argsort(used, kind="stable")  # equal ids keep their columns' order
+    same = np.nonzero(used[order[1:]] == used[order[:-1]])[0]
+    if not same.size:
+        return None
+    i = same[np.argmin(order[same + 1])]  # the pair whose second column comes first
+    return int(order[i]), int(order[i + 1])
 
 
 def _entry_name(b: int, query_index: tuple) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from ._arrays import to_numpy
+from ._arrays import _strict_bool, to_numpy
 from .decode import output_shape, positions
 from .contract import DEFAULT_TOPK, PAGE_TOKENS
 from .kv_cache import unpack_k_cache
@@ -106,6 +106,7 @@ def reference(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TO
               ids: str = "slots") -> np.ndarray:
     """The exact answer under float64 scores, as int32 ``[B, topk]`` (numpy), or ``[B, N, topk]``
     for a rank-4 q; ``ids`` as in ffi_dsa.call (global slots, or positions in the row)."""
+    sorted = _strict_bool("sorted", sorted)
     rows = reference_scores(q, k_cache, weights, seq_lens, block_table, magnitude=False)
     return select_rows(rows, topk, sorted, ids=ids).reshape(output_shape(q.shape, topk))
 
@@ -141,6 +142,7 @@ def check_topk(indices, q, k_cache, weights, seq_lens, block_table, *, sorted: b
     within the tolerance when ``sorted``).
     """
     positions(ids)  # a bad value: ValueError naming ids
+    sorted = _strict_bool("sorted", sorted)
     out = to_numpy(indices).astype(np.int64)
     out = out.reshape(-1, out.shape[-1]) if out.ndim else out
     rows = rows if rows is not None else reference_scores(q, k_cache, weights, seq_lens, block_table)
@@ -183,7 +185,11 @@ def check_topk(indices, q, k_cache, weights, seq_lens, block_table, *, sorted: b
                 continue
         if sorted:
             s = np.where(np.isnan(chosen_scores), -np.inf, chosen_scores)
-            if np.any(np.diff(s) > tol):
+            # two equal infinities (NaN scores ranked as -inf, or +inf ties) differ by NaN, which is
+            # no rise: numpy's "invalid value" warning would only report what the comparison means
+            with np.errstate(invalid="ignore"):
+                rises = np.diff(s) > tol
+            if np.any(rises):
                 problems.append(f"row {b}: sorted=True output is not in descending score order")
         else:
             if np.any(np.diff(row.positions[chosen]) <= 0):

@@ -37,6 +37,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from ._arrays import _strict_bool
 from .decode import OP, topk_indexer
 
 AXIS = "dp"
@@ -86,8 +87,8 @@ def data_parallel_topk(mesh, topk: int, sorted: bool = False, shared_pool: bool 
         return topk_indexer(q, k_cache, weights, seq_lens, block_table, topk=topk, sorted=sorted, ids=ids,
                             max_seq_len=max_seq_len)
 
-    OP.attrs({"ids": ids, "max_seq_len": max_seq_len})  # a bad value fails here, naming it
-    if shared_pool:
+    OP.attrs({"sorted": sorted, "ids": ids, "max_seq_len": max_seq_len})  # a bad value fails here, naming it
+    if _strict_bool("shared_pool", shared_pool):
         return jax.jit(local)
     row = P(AXIS)
     return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(row,) * 5, out_specs=row))

@@ -37,6 +37,7 @@ import jax_tvm_ffi
 import tvm_ffi
 
 from . import _build, _ffi_api
+from ._arrays import _strict_bool
 from ._op import Op, checked_topk
 from .jax_sharding import batch_partitioned
 
@@ -213,6 +214,21 @@ def batched_op(op: Op, topk: int, attrs: tuple):
     return jax.jit(batched)
 
 
+def _validate_concrete(op: Op, inputs) -> None:
+    """`op`'s host checks (validate=True) on concrete arrays; a traced one (under jax.jit, vmap or
+    shard_map) has no values to read, which is a ValueError saying what to do instead of numpy's
+    TracerArrayConversionError."""
+    traced = [name for name, x in zip(op.params, inputs) if isinstance(x, jax.core.Tracer)]
+    if traced:
+        check = f"{op.validate_with} " if op.validate_with else "the op's host checks "
+        raise ValueError(f"validate=True reads the inputs' values on the host, but {', '.join(traced)} "
+                         f"{'is' if len(traced) == 1 else 'are'} traced (inside jax.jit, vmap or shard_map), with "
+                         f"no values yet: run {check}on the concrete arrays before the traced function, or call "
+                         "the op outside it with validate=True; inside it pass validate=False (the kernels mask "
+                         "what validate would report)")
+    op.validate(*inputs)
+
+
 def call(op: Op, inputs, topk, options: dict, validate: bool = False):
     """`op`'s output as a JAX array (the allocating entry points' JAX route): the trace-time checks,
     the targets registered, the call. `validate` runs the op's host checks on concrete arrays (under
@@ -222,8 +238,8 @@ def call(op: Op, inputs, topk, options: dict, validate: bool = False):
             raise TypeError(f"{option.name} must be a static Python value (mark it static in jax.jit: "
                             f"static_argnames={('topk', *(o.name for o in op.options))!r})")
     attrs = op.attrs(options)
-    if validate:
-        op.validate(*inputs)
+    if _strict_bool("validate", validate):
+        _validate_concrete(op, inputs)
     args = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in inputs]
     try:
         topk = int(topk)

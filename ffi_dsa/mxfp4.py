@@ -29,6 +29,7 @@ OP = _op.Op(
     options=decode.OP.options,  # decode's selection options, so decode's attributes
     output_shape=decode.output_shape,
     validate=_validate_inputs,
+    validate_with="ffi_dsa.validate_pages(k_cache, seq_lens, block_table)",
     devices=("cpu",),
 )
 

@@ -37,10 +37,11 @@ OP = _op.Op(
     fp8_args=frozenset({0, 1}),
     row_args=(0, 3, 4, 5),
     length_args=(4, 5),
-    options=(_op.Option("sorted", False, (False, True), "sorted", bool),
+    options=(_op.Option("sorted", False, (False, True), "sorted", _op.bool_attr("sorted")),
              _op.Option("ids", "relative", IDS, "absolute_ids", absolute_ids)),
     output_shape=output_shape,
     validate=_validate_inputs,
+    validate_with="ffi_dsa.validate_prefill(k, ks, ke)",
 )
 
 
@@ -57,7 +58,8 @@ def prefill_call(q, k, k_scale, weights, ks, ke, topk_indices, sorted: bool = Fa
     ``ke > N`` to N, count ``ks < 0`` as 0 and leave rows with ``ks >= ke`` empty;
     ``validate=True`` checks ks and ke on the host and raises instead (see validate_prefill).
     """
-    _op.call(OP, (q, k, k_scale, weights, ks, ke, topk_indices), (bool(sorted), absolute_ids(ids)), validate)
+    attrs = (_arrays._strict_bool("sorted", sorted), absolute_ids(ids))
+    _op.call(OP, (q, k, k_scale, weights, ks, ke, topk_indices), attrs, validate)
 
 
 def prefill_topk_indexer(q, k, k_scale, weights, ks, ke, topk: int = DEFAULT_TOPK, sorted: bool = False,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from ._arrays import to_numpy
+from ._arrays import _strict_bool, to_numpy
 from .contract import DEFAULT_TOPK
 from .prefill import absolute_ids
 from .decode_reference import MAGNITUDE_TOLERANCE, TOLERANCE, RowScores, check_topk, row_scores, select_rows
@@ -52,6 +52,7 @@ def reference_prefill_scores(q, k, k_scale, weights, ks, ke, ids: str = "relativ
 def reference_prefill(q, k, k_scale, weights, ks, ke, topk: int = DEFAULT_TOPK, sorted: bool = False,
                       ids: str = "relative") -> np.ndarray:
     """The exact answer under float64 scores, int32 ``[M, topk]`` (numpy)."""
+    sorted = _strict_bool("sorted", sorted)
     rows = reference_prefill_scores(q, k, k_scale, weights, ks, ke, ids=ids, magnitude=False)
     return select_rows(rows, topk, sorted)
 

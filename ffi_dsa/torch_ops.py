@@ -72,8 +72,9 @@ def _with_defaults(op: Op, n_fixed: int):
 
 
 def _attrs_from_values(op: Op):
-    """option values, in order -> the native attributes (bool options are attributes as they are)."""
-    if all(o.to_attr is bool for o in op.options):
+    """option values, in order -> the native attributes (bool options are attributes as they are:
+    the schema's ``bool`` already refused anything else)."""
+    if all(o.torch_type == "bool" for o in op.options):
         return lambda values: values
     to_attrs = [o.to_attr for o in op.options]
     return lambda values: [to_attr(v) for to_attr, v in zip(to_attrs, values)]
@@ -150,9 +151,9 @@ def fake_kernels(op: Op):
     def functional(*args):
         args = fill(args)
         inputs, topk = args[:n], args[n]
-        _check_options(op, args[n + 1:])
-        if isinstance(topk, int):
+        if isinstance(topk, int):  # first: under torch.compile its message then leads (TopKRangeError)
             checked_topk(topk)
+        _check_options(op, args[n + 1:])
         same_device(inputs, op.arg_names)
         return inputs[0].new_empty(op.output_shape(inputs[0].shape, topk), dtype=torch.int32)
 

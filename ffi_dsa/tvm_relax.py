@@ -59,6 +59,7 @@ import threading
 import tvm_ffi
 
 from . import decode, mxfp4, prefill
+from ._arrays import _strict_bool
 from ._op import Op, checked_topk
 from .contract import DEFAULT_TOPK
 
@@ -132,7 +133,7 @@ def indexer_module(topk: int = DEFAULT_TOPK, sorted: bool = False, q_rank: int =
     (``R.Prim("int64")``: the caller's bound on the batch's longest row, 0 unknown, given per call)."""
     if q_rank not in _Q_DIMS:
         raise ValueError(f"q_rank must be 3 (q [B, H, 128]) or 4 (q [B, N, H, 128]), got {q_rank!r}")
-    runtime = ("max_seq_len",) if with_max_seq_len else ()
+    runtime = ("max_seq_len",) if _strict_bool("with_max_seq_len", with_max_seq_len) else ()
     return _dps_module(decode.OP, topk, _Q_DIMS[q_rank], runtime, sorted=sorted, ids=ids)
 
 

@@ -1,7 +1,8 @@
 """Shared fixtures and builders for the ffi_dsa test suite (the contract: docs/contract.md).
 
 * ``device``: every device test runs on "cpu" and "cuda"; the cuda cases carry ``@pytest.mark.cuda``
-  and are skipped when ``torch.cuda.is_available()`` is False.
+  and are deselected when ``torch.cuda.is_available()`` is False (one summary line says so).
+* ``--part I/N``: every N-th collected test, for splitting a long run (benchmarks/device_run.sh).
 * ``poisoned`` / ``run_dps``: outputs are filled with a sentinel before each call, and every element is
   checked to have been overwritten afterwards.
 * ``make_exact_batch``: batches whose scores are exact in any accumulation order (small integers in
@@ -38,14 +39,19 @@ FP8_NAN_BYTES = (0x7F, 0xFF)  # e4m3fn has no inf: these two bytes are its NaNs
 CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 CHECKOUT = Path(__file__).resolve().parent.parent
+# how many GPU tests a run without a GPU deselected (pytest_collection_modifyitems)
+_GPU_DESELECTED = pytest.StashKey[int]()
 # The folder holding the ffi_dsa this suite imports (the installed one in CI, else the checkout).
 FFI_DSA_PARENT = str(Path(ffi_dsa.__file__).resolve().parent.parent)
 
 
 def script_env() -> dict:
     """The environment of a script or snippet run in a process of its own: it imports the ffi_dsa
-    this suite imports."""
-    return dict(os.environ, PYTHONPATH=FFI_DSA_PARENT)
+    this suite imports first, then whatever the caller's PYTHONPATH holds (a machine that gets its
+    packages through PYTHONPATH, such as carried wheels unpacked into a folder, has them in the
+    child too; the interpreter's own site-packages come with sys.executable)."""
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([FFI_DSA_PARENT, *kept]))
 
 
 def load_script(relative: str):
@@ -63,14 +69,60 @@ def load_script(relative: str):
     return module
 
 
+def pytest_addoption(parser):
+    parser.addoption("--part", default=None, metavar="I/N",
+                     help="run the I-th of N interleaved shares of the collected tests (every N-th test, "
+                          "starting at the I-th), so that N runs together run the suite once "
+                          "(benchmarks/device_run.sh test1, test2)")
+
+
+def _part(config) -> tuple[int, int] | None:
+    """--part I/N as (I, N), or None; a UsageError for anything but 1 <= I <= N."""
+    value = config.getoption("--part")
+    if value is None:
+        return None
+    try:
+        i, n = (int(x) for x in value.split("/"))
+    except ValueError:
+        i = n = 0
+    if not 1 <= i <= n:
+        raise pytest.UsageError(f"--part must be I/N with 1 <= I <= N (e.g. 1/2), got {value!r}")
+    return i, n
+
+
 def pytest_collection_modifyitems(config, items):
-    """Anything marked ``cuda`` (tests or device params) is skipped cleanly without a GPU."""
-    if CUDA:
-        return
-    skip = pytest.mark.skip(reason="needs CUDA (torch.cuda.is_available() is False)")
-    for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+    """Without a GPU, everything marked ``cuda`` (tests or device params) is deselected: the summary
+    says how many in one line (pytest_terminal_summary), instead of one skip per test burying the
+    skips that do matter. ``--part I/N`` then keeps every N-th of the rest."""
+    deselected = [] if CUDA else [item for item in items if "cuda" in item.keywords]
+    config.stash[_GPU_DESELECTED] = len(deselected)
+    kept = [item for item in items if "cuda" not in item.keywords] if deselected else list(items)
+    part = _part(config)
+    if part:
+        i, n = part
+        deselected += [item for k, item in enumerate(kept) if k % n != i - 1]
+        kept = kept[i - 1::n]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """One line for the GPU tests left out, then one line per skip reason (pytest's -ra lists one
+    per test location), so that a reason that matters is not lost among the ones that do not."""
+    gpu = config.stash.get(_GPU_DESELECTED, 0)
+    if gpu:
+        terminalreporter.write_line(f"ffi_dsa: {gpu} test{'s' if gpu != 1 else ''} marked cuda deselected: "
+                                    "torch.cuda.is_available() is False here (they run where it is True)")
+    reasons: dict[str, list[str]] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        if isinstance(report.longrepr, tuple):
+            path, _, reason = report.longrepr
+            reasons.setdefault(reason.removeprefix("Skipped: "), []).append(Path(path).name)
+    if reasons:
+        terminalreporter.write_sep("-", "skipped, by reason")
+        for reason, files in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
+            terminalreporter.write_line(f"{len(files):5d}  {reason}  ({', '.join(sorted(set(files)))})")
 
 
 @pytest.fixture(params=DEVICES)

@@ -321,6 +321,22 @@ def test_topk_that_is_not_an_int_is_a_type_error_naming_it(topk):
         ffi_dsa.topk_indexer(*(args[n] for n in NAMES[:5]), topk=topk)
 
 
+def test_an_output_passed_as_topk_says_to_call_the_dps_form():
+    """A script of an earlier main called prefill_topk_indexer(..., topk_indices), the DPS form of
+    then (CHANGELOG.md): the TypeError names topk and the entry point to call instead."""
+    from ffi_dsa.prefill_workloads import make_prefill_batch
+
+    chunk = make_prefill_batch([300, 100], queries=[8, 4], seed=64)
+    out = poisoned_np((chunk.rows, K))
+    with pytest.raises(TypeError, match=r"^topk must be an int .*ffi_dsa\.prefill_call") as err:
+        ffi_dsa.prefill_topk_indexer(*chunk.args(), out)
+    assert "got a ndarray" in str(err.value)
+    with pytest.raises(TypeError, match=r"^topk must be an int .*ffi_dsa\.call"):
+        ffi_dsa.topk_indexer(*(_np_args()[n] for n in NAMES[:5]), torch.zeros((2, K), dtype=torch.int32))
+    with pytest.raises(AttributeError, match=r"^ffi_dsa\.prefill_topk was renamed: use ffi_dsa\.prefill_topk_indexer"):
+        ffi_dsa.prefill_topk  # noqa: B018
+
+
 @pytest.mark.parametrize("which", NAMES)
 def test_meta_tensor_is_a_value_error_naming_it(which):
     """A torch meta tensor (shapes, no data) given to ffi_dsa.call: ValueError naming it."""
@@ -397,3 +413,72 @@ def test_q_on_cpu_with_the_rest_on_cuda_raises():
     assert_names(str(exc.value), "k")
     torch.cuda.synchronize()
     assert (args["out"].cpu() == SENTINEL).all()
+
+
+# (case id, argument, mutation of the good arguments, queries per row, the end of the message)
+ACCEPTED = [
+    ("weights_BH1", "w", lambda a: a["w"][:, :, None], None,
+     "; weights must be [2, 64] ([B * N, H]) or [2, 1, 64] ([B, N, H]), with B = 2, N = 1, H = 64 from q of shape "
+     "[2, 64, 128] (a [B * N, H, 1] buffer holds those bytes: squeeze its last dimension)"),
+    ("weights_rank_4", "w", lambda a: a["w"][:, None, :, None], None,
+     "; weights must be [2, 64] ([B * N, H]) or [2, 1, 64] ([B, N, H]), with B = 2, N = 1, H = 64"),
+    ("weights_B_for_N2", "w", lambda a: a["w"][:, 0], 2,
+     "; weights must be [4, 64] ([B * N, H]) or [2, 2, 64] ([B, N, H]), with B = 2, N = 2, H = 64 from q of shape "
+     "[2, 2, 64, 128]"),
+    ("seq_lens_BN_for_N1", "lens", lambda a: torch.stack([a["lens"]] * 3, dim=1), None,
+     "; seq_lens must be [2] ([B]) or [2, 1] ([B, N]), with B = 2"),
+    ("block_table_rows", "table", lambda a: a["table"][:1], None,
+     "; block_table must be [2, max_num_pages] ([B, max_num_pages]), with B = 2"),
+    ("out_rows", "out", lambda a: poisoned((3, K), a["out"].device), 2,
+     "; topk_indices must be [4, K] ([B * N, K]) or [2, 2, K] ([B, N, K]), with B = 2, N = 2, H = 64 from q of "
+     "shape [2, 2, 64, 128], K <= 2048"),
+    ("k_cache_flat", "k", lambda a: a["k"].reshape(a["k"].shape[0], -1), None,
+     "; a [num_pages, 8448] or [num_pages, 64, 132] buffer holds those bytes: view it as [num_pages, 64, 1, 132]"),
+]
+
+
+@pytest.mark.parametrize("case", ACCEPTED, ids=[c[0] for c in ACCEPTED])
+def test_shape_errors_end_with_the_accepted_shapes_in_the_callers_numbers(device, case):
+    """A shape mistake names the argument and the dimension, then every shape that would do, in the
+    B, N, H (and K) of the caller's q: weights held as [B, H, 1] get the fix, not only the fault."""
+    _, which, mutate, queries, ending = case
+    q, k, w, lens, table = make_batch([150, 70], seed=61, queries=queries).to_torch(device)
+    args = dict(q=q, k=k, w=w, lens=lens, table=table, out=poisoned((B * (queries or 1), K), device))
+    args[which] = mutate(args)
+    out = args["out"]
+    with pytest.raises(ValueError, match=names_first(which)) as err:
+        ffi_dsa.call(*(args[n] for n in NAMES))
+    assert ending in str(err.value), str(err.value)
+    assert (out == SENTINEL).all()
+    if which != "out":
+        with pytest.raises(ValueError, match=names_first(which)) as err:
+            torch.ops.dsa.topk_indexer(*(args[n] for n in NAMES[:5]), topk=K)
+        assert ending in str(err.value), str(err.value)
+
+
+def test_prefill_shape_errors_end_with_the_accepted_shapes():
+    from ffi_dsa.prefill_workloads import make_prefill_batch
+
+    chunk = make_prefill_batch([300, 100], queries=[8, 4], seed=62)
+    q, k, k_scale, weights, ks, ke = chunk.args()
+    sizes = "with M = 12, H = 64 from q of shape [12, 64, 128], N = 400 from k of shape [400, 128]"
+    for args, ending in [((q, k, k_scale, weights[:-1], ks, ke), f"; weights must be [12, 64] ([M, H]), {sizes}"),
+                         ((q, k, k_scale[:-1], weights, ks, ke), f"; k_scale must be [400] ([N]), {sizes}"),
+                         ((q, k, k_scale, weights, ks, ke[:, None]), f"; ke must be [12] ([M]), {sizes}")]:
+        with pytest.raises(ValueError) as err:
+            ffi_dsa.prefill_topk_indexer(*args, topk=K)
+        assert str(err.value).endswith(ending), str(err.value)
+    with pytest.raises(ValueError) as err:
+        ffi_dsa.prefill_call(q, k, k_scale, weights, ks, ke, poisoned_np((13, K)))
+    assert str(err.value).endswith(f"; topk_indices must be [12, K] ([M, K]), {sizes}, K <= 2048"), str(err.value)
+
+
+def test_jax_trace_time_shape_errors_end_with_the_accepted_shapes():
+    jnp = pytest.importorskip("jax.numpy")
+    pytest.importorskip("jax_tvm_ffi")
+    batch = make_batch([150, 70], seed=63)
+    q = jnp.asarray(batch.q).view(jnp.float8_e4m3fn)
+    k, w, lens, table = map(jnp.asarray, batch.args()[1:])
+    with pytest.raises(ValueError, match="^weights dimension 1 must be 1") as err:
+        ffi_dsa.topk_indexer(q, k, w[:, :, None], lens, table, topk=K)
+    assert "; weights must be [2, 64] ([B * N, H]) or [2, 1, 64] ([B, N, H])" in str(err.value)

@@ -125,6 +125,26 @@ def test_compiled_op_raises_value_error(device):
         compiled(q, k[..., :100], w, s, bt)
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("topk", [4096, -1])
+def test_compiled_topk_out_of_range_leads_with_its_message(dynamic, topk):
+    """torch.compile runs the fake kernel while tracing: a topk no output can have is the op's own
+    ValueError with its message first (not dynamo's "RuntimeError when making fake tensor call" with
+    the message further down), for both ops, before any other check."""
+    from ffi_dsa.prefill_workloads import make_prefill_batch
+
+    _, decode_args = batch_on(LENS_A, "cpu")
+    prefill_args = make_prefill_batch([300, 100], queries=[8, 4], seed=5).to_torch("cpu")
+    expected = "topk must be <= 2048 (the kernel supports K <= 2048), got 4096" if topk > 0 else \
+        "topk must be >= 0, got -1"
+    for op, args in ((torch.ops.dsa.topk_indexer, decode_args), (torch.ops.dsa.prefill_topk_indexer, prefill_args)):
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda *a: op(*a, topk=topk, sorted=True), fullgraph=True, dynamic=dynamic)
+        with pytest.raises(ValueError) as err:
+            compiled(*args)
+        assert str(err.value).startswith(expected), str(err.value)
+
+
 def capture_both_ops(static, out):
     """(graph, functional output): both ops captured in one CUDA graph on the `static` inputs, the out
     op writing `out`, the functional one sorted; warmed up (module built, attributes set) off the capture."""

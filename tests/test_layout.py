@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import ffi_dsa
@@ -72,6 +73,26 @@ def test_importing_the_package_loads_nothing_native(tmp_path):
                           env=script_env(), capture_output=True, text=True, check=True)
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
     assert not {"torch", "tvm_ffi", "jax", "numpy", "ffi_dsa.decode"} & imported, sorted(imported)
+
+
+def test_importing_the_package_after_torch_registers_the_ops_and_loads_nothing_native(tmp_path):
+    """With torch already imported, `import ffi_dsa` registers torch.ops.dsa.* (as torch extension
+    libraries do), still without tvm_ffi or a native module: the ops load it on their first call."""
+    code = textwrap.dedent("""
+        import sys
+        import torch
+        import ffi_dsa
+        ops = [torch.ops.dsa.topk_indexer, torch.ops.dsa.topk_indexer_out, torch.ops.dsa.prefill_topk_indexer,
+               torch.ops.dsa.prefill_topk_indexer_out]
+        assert "tvm_ffi" not in sys.modules, "registering imported tvm_ffi"
+        assert "ffi_dsa_cpu" not in open("/proc/self/maps").read(), "registering loaded the native module"
+        from ffi_dsa.workloads import make_batch
+        out = torch.ops.dsa.topk_indexer(*make_batch([300, 0]).to_torch("cpu"), topk=8)
+        assert out.shape == (2, 8) and (out[1] == -1).all()
+        print("OK")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=script_env(), capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "OK", done.stderr[-3000:]
 
 
 def test_the_api_loads_on_first_use():

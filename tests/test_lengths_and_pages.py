@@ -269,7 +269,11 @@ def _validate_cases():
         b.block_table[0, 1] = b.k_cache.shape[0]
         return "block_table[0, 1]"
 
-    return [negative, too_long, negative_page, page_past_pool]
+    def repeated_page(b):
+        b.block_table[0, 2] = b.block_table[0, 0]
+        return "block_table[0, 0] and block_table[0, 2] are both page"
+
+    return [negative, too_long, negative_page, page_past_pool, repeated_page]
 
 
 @pytest.mark.parametrize("corrupt", _validate_cases(), ids=lambda f: f.__name__)
@@ -277,6 +281,38 @@ def test_validate_true_raises_for_masked_facts(device, corrupt):
     """validate=True raises ValueError (naming the entry) where the kernel would mask; nothing written."""
     batch = make_batch([150, 100], seed=56)
     assert_validate_raises(batch, corrupt(batch), device)
+
+
+@pytest.mark.parametrize("lens_form", ["[B]", "[B, N]"])
+def test_validate_true_names_a_page_repeated_inside_a_row(device, lens_form):
+    """Both columns of the first repeat among the pages the row uses (of its longest query with a
+    length per query); a page shared by two rows, or repeated past a row's pages, is no repeat."""
+    queries = 2 if lens_form == "[B, N]" else None
+    # with a length per query, row 0 uses the pages of its longest query, its second
+    lens = [[64 * 4, 64 * 7], [64 * 3, 64 * 2]] if queries else [64 * 7, 64 * 3]
+    batch = make_batch(lens, seed=58, queries=queries, max_pages=8)
+    batch.block_table[1, 0] = batch.block_table[0, 1]       # shared across rows: fine
+    batch.block_table[1, 5] = batch.block_table[1, 1]       # past row 1's 3 pages: fine
+    ffi_dsa.validate_pages(batch.k_cache, batch.seq_lens, batch.block_table)
+    batch.block_table[0, 6] = batch.block_table[0, 4]
+    batch.block_table[0, 5] = batch.block_table[0, 3]       # the earliest repeat: column 5
+    entry = "seq_lens[0, 1] = 448" if queries else "seq_lens[0] = 448"
+    assert_validate_raises(batch, f"block_table[0, 3] and block_table[0, 5] are both page "
+                                  f"{int(batch.block_table[0, 3])} and row 0 uses both ({entry})", device)
+
+
+def test_a_repeated_page_without_validate_is_scored_once_per_column(device):
+    """docs/contract.md §3: the kernels take the table as it stands; each column's 64 positions are
+    candidates, so with ids="slots" the same id can appear twice, with "positions" never."""
+    batch = make_exact_batch([64 * 3], seed=59)
+    batch.block_table[0, 2] = batch.block_table[0, 0]
+    args = batch.to_torch(device)
+    for ids in ("slots", "positions"):
+        out = run_dps(args, topk=DEFAULT_K, ids=ids)
+        assert_exact(out, batch, ids=ids)
+        chosen = out[0][out[0] >= 0]
+        assert chosen.size == 64 * 3
+        assert np.unique(chosen).size == (64 * 2 if ids == "slots" else 64 * 3)
 
 
 def test_validate_true_passes_for_good_input(device):

@@ -51,17 +51,27 @@ def test_ci_installed_the_modules_its_wheel_build_kept():
 
 
 def test_layout_constants_are_those_of_contract_h():
-    """ffi_dsa.contract reads the compiled module; the sources a JIT build would compile say the same."""
-    header = (_build.native_dir() / "include" / "ffi_dsa" / "contract.h").read_text()
-    written = {name: int(value) for name, value in re.findall(r"constexpr int (k\w+) = (\d+);", header)}
-    assert written["kNumHeads"] == contract.NUM_HEADS
-    assert written["kNumHeadsNarrow"] == contract.NUM_HEADS_NARROW
+    """ffi_dsa.contract reads the header the package ships (nothing native at import); the compiled
+    CPU module, built from the same header, says the same, and the header says what is written here."""
+    compiled = {str(k): int(v) for k, v in _ffi_api.cpu().contract_constants().items()}
+    assert compiled == {"num_heads": contract.NUM_HEADS, "num_heads_narrow": contract.NUM_HEADS_NARROW,
+                        "max_queries": contract.MAX_QUERIES, "head_dim": contract.HEAD_DIM,
+                        "page_tokens": contract.PAGE_TOKENS, "token_bytes": contract.TOKEN_BYTES,
+                        "page_fp8_bytes": contract.PAGE_FP8_BYTES, "page_bytes": contract.PAGE_BYTES,
+                        "max_topk": contract.MAX_TOPK, "mxfp4_block": contract.MXFP4_BLOCK,
+                        "mxfp4_blocks": contract.MXFP4_BLOCKS, "mxfp4_head_bytes": contract.MXFP4_HEAD_BYTES,
+                        "mxfp4_token_bytes": contract.MXFP4_TOKEN_BYTES,
+                        "mxfp4_page_value_bytes": contract.MXFP4_PAGE_VALUE_BYTES,
+                        "mxfp4_page_bytes": contract.MXFP4_PAGE_BYTES, "ue8m0_bias": contract.UE8M0_BIAS,
+                        "ue8m0_nan": contract.UE8M0_NAN}
+    ids = {str(op): tuple(str(n) for n in names) for op, names in _ffi_api.cpu().contract_ids().items()}
+    assert ids == {"topk_indexer": contract.DECODE_IDS, "prefill_topk_indexer": contract.PREFILL_IDS,
+                   "mxfp4_topk_indexer": contract.MXFP4_IDS}
+    assert tuple(float(v) for v in _ffi_api.cpu().contract_e2m1_magnitudes()) == contract.E2M1_MAGNITUDES
+    assert (contract.MXFP4_BLOCKS, contract.MXFP4_TOKEN_BYTES, contract.MXFP4_PAGE_BYTES) == (4, 68, 4352)
+    assert (contract.NUM_HEADS, contract.NUM_HEADS_NARROW, contract.MAX_QUERIES, contract.HEAD_DIM) == (64, 32, 4, 128)
+    assert (contract.PAGE_TOKENS, contract.TOKEN_BYTES, contract.MAX_TOPK) == (64, 132, 2048)
     assert contract.SUPPORTED_HEADS == (contract.NUM_HEADS_NARROW, contract.NUM_HEADS)
-    assert written["kMaxQueries"] == contract.MAX_QUERIES
-    assert written["kHeadDim"] == contract.HEAD_DIM
-    assert written["kPageTokens"] == contract.PAGE_TOKENS
-    assert written["kTokenBytes"] == contract.TOKEN_BYTES
-    assert written["kMaxTopK"] == contract.MAX_TOPK
     assert contract.PAGE_BYTES == contract.PAGE_TOKENS * contract.TOKEN_BYTES
     assert contract.PAGE_FP8_BYTES == contract.PAGE_TOKENS * contract.HEAD_DIM
 
@@ -150,3 +160,20 @@ def test_cli_info_reports_the_cpu_module(capsys):
     assert _ffi_api.module_path("cpu") in out
     if not CUDA:
         assert '"gpus": []' in out
+
+
+def test_the_docs_name_every_cmake_option_and_the_cuda_skip():
+    """docs/build.md names each option() and cache setting of CMakeLists.txt, and it and the README's
+    install section give the switch that skips the CUDA module as pip takes it."""
+    if not (CHECKOUT / "CMakeLists.txt").is_file():
+        pytest.skip("no checkout beside the tests")
+    cmake = (CHECKOUT / "CMakeLists.txt").read_text()
+    options = re.findall(r"^option\((FFI_DSA_\w+)", cmake, flags=re.M)
+    settings = re.findall(r"^set\((FFI_DSA_\w+) .* CACHE ", cmake, flags=re.M)
+    assert "FFI_DSA_CUDA" in options, options
+    build = (CHECKOUT / "docs" / "build.md").read_text()
+    assert [name for name in options + settings if f"`{name}`" not in build] == []
+    readme = (CHECKOUT / "README.md").read_text()
+    for text in (build, readme):
+        assert "-C cmake.define.FFI_DSA_CUDA=OFF" in text
+

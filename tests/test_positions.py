@@ -289,7 +289,7 @@ def test_a_bad_max_seq_len_is_a_value_error_naming_it(device, value):
 
 
 def test_the_ids_values_are_stated_once_in_cpp():
-    """ffi_dsa reads both ops' ids values from the compiled contract (contract.h), default first."""
+    """ffi_dsa reads both ops' ids values from the C++ contract (contract.h), default first."""
     from ffi_dsa import _build, contract, decode, prefill
 
     header = (_build.native_dir() / "include" / "ffi_dsa" / "contract.h").read_text()

@@ -116,25 +116,66 @@ inline bool Is(DLDataType t, int code, int bits) {
 inline bool IsFp8(DLDataType t) { return Is(t, kDLFloat8_e4m3fn, 8) || IsByte(t); }
 constexpr const char* kFp8Expected = "float8_e4m3fn (or a uint8/int8 view of the same bytes)";
 
-inline void CheckRank(const ArgMeta& t, int rank, const char* layout) {
+// `accepted`, when not empty, ends a shape message: the shapes that would do, in the caller's numbers
+// (AcceptedShapes), so that a mistake in one dimension is answered with the whole fix.
+inline void CheckRank(const ArgMeta& t, int rank, const char* layout, const std::string& accepted = "") {
   if (t.ndim() != rank) {
     TVM_FFI_THROW(ValueError) << t.name << " must have rank " << rank << " " << layout << ", got shape "
-                              << ShapeString(t);
+                              << ShapeString(t) << accepted;
   }
 }
 
-inline void CheckRankIn(const ArgMeta& t, int rank_a, const char* layout_a, int rank_b, const char* layout_b) {
+inline void CheckRankIn(const ArgMeta& t, int rank_a, const char* layout_a, int rank_b, const char* layout_b,
+                        const std::string& accepted = "") {
   if (t.ndim() != rank_a && t.ndim() != rank_b) {
     TVM_FFI_THROW(ValueError) << t.name << " must have rank " << rank_a << " " << layout_a << " or rank " << rank_b
-                              << " " << layout_b << ", got shape " << ShapeString(t);
+                              << " " << layout_b << ", got shape " << ShapeString(t) << accepted;
   }
 }
 
-inline void CheckDim(const ArgMeta& t, int dim, int64_t expected, const char* what) {
+inline void CheckDim(const ArgMeta& t, int dim, int64_t expected, const char* what, const std::string& accepted = "") {
   if (t.size(dim) != expected) {
     TVM_FFI_THROW(ValueError) << t.name << " dimension " << dim << " must be " << expected << " ("
-                              << what << "), got shape " << ShapeString(t);
+                              << what << "), got shape " << ShapeString(t) << accepted;
   }
+}
+
+// One shape an argument may take: its dimensions in the caller's numbers (or a name where any size
+// does, such as "K") and its layout in the contract's letters ("[B * N, H]").
+struct AcceptedShape {
+  std::vector<std::string> dims;
+  const char* layout;
+};
+
+// "; weights must be [6, 64] ([B * N, H]) or [3, 2, 64] ([B, N, H]), with B = 3, N = 2, H = 64 from
+// q of shape [3, 2, 64, 128]": the end of a shape message (`sizes` says where the numbers come from).
+inline std::string AcceptedShapes(const ArgMeta& t, std::initializer_list<AcceptedShape> shapes,
+                                  const std::string& sizes) {
+  std::ostringstream os;
+  os << "; " << t.name << " must be ";
+  const char* sep = "";
+  for (const AcceptedShape& shape : shapes) {
+    os << sep << "[";
+    for (size_t i = 0; i < shape.dims.size(); ++i) os << (i ? ", " : "") << shape.dims[i];
+    os << "] (" << shape.layout << ")";
+    sep = " or ";
+  }
+  os << ", with " << sizes;
+  return os.str();
+}
+
+inline std::string Dim(int64_t size) { return std::to_string(size); }
+
+// Whether `t` has exactly the shape `dims` (an entry of -1 takes any size): the cheap test before
+// the checks that name what is wrong, whose messages are built only when one is.
+inline bool ShapeIs(const ArgMeta& t, std::initializer_list<int64_t> dims) {
+  if (t.ndim() != static_cast<int>(dims.size())) return false;
+  int i = 0;
+  for (int64_t d : dims) {
+    if (d >= 0 && t.size(i) != d) return false;
+    ++i;
+  }
+  return true;
 }
 
 inline void CheckDType(const ArgMeta& t, bool ok, const char* expected) {

@@ -51,32 +51,26 @@ inline constexpr const char* kArgNames[6] = {"q (q_index_fp8)", "k_cache (k_inde
 namespace detail {
 
 // An argument with one row per query token: [B, N, ...] (rank `split_rank`) or [B * N, ...].
-inline void CheckQueryRows(const ArgMeta& t, int split_rank, const IndexerShape& s, const char* rows_layout) {
+inline void CheckQueryRows(const ArgMeta& t, int split_rank, const IndexerShape& s, const char* rows_layout,
+                           const std::string& accepted = "") {
   if (t.ndim() == split_rank) {
-    CheckDim(t, 0, s.batch, "B, from q");
-    CheckDim(t, 1, s.queries, "N, query tokens per row, from q");
+    CheckDim(t, 0, s.batch, "B, from q", accepted);
+    CheckDim(t, 1, s.queries, "N, query tokens per row, from q", accepted);
   } else {
-    CheckDim(t, 0, s.batch * s.queries, rows_layout);
+    CheckDim(t, 0, s.batch * s.queries, rows_layout, accepted);
   }
 }
 
 // The checks every paged op shares (decode, MXFP4, docs/contract.md §7 and §9) on the arguments
 // beside q and the cache: weights, seq_lens, block_table, topk_indices. Each step is one kind of
-// check over all of them, so an op runs dtypes, then ranks, then shapes, across all its arguments.
+// check over all of them, so an op runs dtypes across all its arguments first, then q's and the
+// cache's shapes, then these (CheckRowArgDims: ranks and sizes, explained in q's numbers).
 inline void CheckRowArgDTypes(const ArgMeta& weights, const ArgMeta& seq_lens, const ArgMeta& block_table,
                               const ArgMeta& topk_indices) {
   CheckDType(weights, Is(weights.dtype, kDLFloat, 32), "float32");
   CheckDType(seq_lens, Is(seq_lens.dtype, kDLInt, 32), "int32");
   CheckDType(block_table, Is(block_table.dtype, kDLInt, 32), "int32");
   CheckDType(topk_indices, Is(topk_indices.dtype, kDLInt, 32), "int32");
-}
-
-inline void CheckRowArgRanks(const ArgMeta& weights, const ArgMeta& seq_lens, const ArgMeta& block_table,
-                             const ArgMeta& topk_indices) {
-  CheckRankIn(weights, 2, "[B * N, H]", 3, "[B, N, H]");
-  CheckRankIn(seq_lens, 1, "[B]", 2, "[B, N]");
-  CheckRank(block_table, 2, "[B, max_num_pages]");
-  CheckRankIn(topk_indices, 2, "[B * N, K]", 3, "[B, N, K]");
 }
 
 // B, N and H from q ([B, H, bytes] or [B, N, H, bytes], already of rank 3 or 4), whose last
@@ -104,18 +98,45 @@ inline void CheckPageDims(const ArgMeta& k_cache, int64_t token_bytes, const cha
   CheckDim(k_cache, 3, token_bytes, token_what);
 }
 
-// The shapes of the row arguments against q's B, N and H; fills s.per_query_lens and s.topk.
-inline void CheckRowArgDims(IndexerShape& s, const ArgMeta& weights, const ArgMeta& seq_lens,
+// The shapes of weights, seq_lens, block_table and topk_indices against q's B, N and H. The fast
+// path compares integers; a message, built only for a mistake, names the dimension that is wrong
+// and then every shape that would do, in the caller's numbers. Fills s.per_query_lens and s.topk.
+inline void CheckRowArgDims(const ArgMeta& q, IndexerShape& s, const ArgMeta& weights, const ArgMeta& seq_lens,
                             const ArgMeta& block_table, const ArgMeta& topk_indices) {
-  CheckQueryRows(weights, 3, s, "B * N, query rows, from q");
-  CheckDim(weights, weights.ndim() - 1, s.heads, "H, index heads, from q");
-  CheckDim(seq_lens, 0, s.batch, "B, from q");
-  if (seq_lens.ndim() == 2) CheckDim(seq_lens, 1, s.queries, "N, query tokens per row, from q");
+  const int64_t b = s.batch, n = s.queries, h = s.heads, bn = s.batch * s.queries;
+  auto sizes = [&] {
+    return "B = " + Dim(b) + ", N = " + Dim(n) + ", H = " + Dim(h) + " from q of shape " + ShapeString(q);
+  };
+  if (!ShapeIs(weights, {bn, h}) && !ShapeIs(weights, {b, n, h})) {
+    std::string ok = AcceptedShapes(
+        weights, {{{Dim(bn), Dim(h)}, "[B * N, H]"}, {{Dim(b), Dim(n), Dim(h)}, "[B, N, H]"}}, sizes());
+    if (ShapeIs(weights, {bn, h, 1})) ok += " (a [B * N, H, 1] buffer holds those bytes: squeeze its last dimension)";
+    CheckRankIn(weights, 2, "[B * N, H]", 3, "[B, N, H]", ok);
+    CheckQueryRows(weights, 3, s, "B * N, query rows, from q", ok);
+    CheckDim(weights, weights.ndim() - 1, h, "H, index heads, from q", ok);
+  }
+  if (!ShapeIs(seq_lens, {b}) && !ShapeIs(seq_lens, {b, n})) {
+    const std::string ok = AcceptedShapes(seq_lens, {{{Dim(b)}, "[B]"}, {{Dim(b), Dim(n)}, "[B, N]"}}, sizes());
+    CheckRankIn(seq_lens, 1, "[B]", 2, "[B, N]", ok);
+    CheckDim(seq_lens, 0, b, "B, from q", ok);
+    if (seq_lens.ndim() == 2) CheckDim(seq_lens, 1, n, "N, query tokens per row, from q", ok);
+  }
+  if (!ShapeIs(block_table, {b, -1})) {
+    const std::string ok = AcceptedShapes(block_table, {{{Dim(b), "max_num_pages"}, "[B, max_num_pages]"}}, sizes());
+    CheckRank(block_table, 2, "[B, max_num_pages]", ok);
+    CheckDim(block_table, 0, b, "B, from q", ok);
+  }
+  if (!ShapeIs(topk_indices, {bn, -1}) && !ShapeIs(topk_indices, {b, n, -1})) {
+    const std::string ok =
+        AcceptedShapes(topk_indices, {{{Dim(bn), "K"}, "[B * N, K]"}, {{Dim(b), Dim(n), "K"}, "[B, N, K]"}},
+                       sizes() + ", K <= " + Dim(kMaxTopK));
+    CheckRankIn(topk_indices, 2, "[B * N, K]", 3, "[B, N, K]", ok);
+    CheckQueryRows(topk_indices, 3, s, "B * N, query rows, from q", ok);
+  }
   s.per_query_lens = seq_lens.ndim() == 2;
-  CheckDim(block_table, 0, s.batch, "B, from q");
-  CheckQueryRows(topk_indices, 3, s, "B * N, query rows, from q");
   s.topk = CheckTopK(topk_indices);
 }
+
 
 // A cache whose tokens have the other page format's size, named as that format with the entry
 // point that takes it (an FP8 page given to the MXFP4 op, or the reverse).
@@ -144,16 +165,19 @@ inline IndexerShape CheckIndexerMeta(const ArgMeta& q, const ArgMeta& k_cache, c
   CheckDType(k_cache, IsByte(k_cache.dtype), "int8 or uint8 (packed fp8 + scale bytes)");
   CheckRowArgDTypes(weights, seq_lens, block_table, topk_indices);
 
+  // then q, whose B, N and H the other shapes are checked (and explained) in
   CheckRankIn(q, 3, "[B, H, 128]", 4, "[B, N, H, 128]");
-  CheckRank(k_cache, 4, "[num_pages, 64, 1, 132]");
-  CheckRowArgRanks(weights, seq_lens, block_table, topk_indices);
-
+  CheckRank(k_cache, 4, "[num_pages, 64, 1, 132]",
+            k_cache.ndim() == 2 || k_cache.ndim() == 3
+                ? "; a [num_pages, 8448] or [num_pages, 64, 132] buffer holds those bytes: view it as "
+                  "[num_pages, 64, 1, 132]"
+                : "");
   IndexerShape s = PagedQueryShape(q, kHeadDim, "head dim");
   CheckNotOtherPageFormat(k_cache, kMxfp4TokenBytes, "MXFP4 pages",
                           "FP8 pages of 132 bytes per token: call ffi_dsa.mxfp4_call / mxfp4_topk_indexer for "
                           "MXFP4 pages");
   CheckPageDims(k_cache, kTokenBytes, "128 fp8 bytes + 4 scale bytes");
-  CheckRowArgDims(s, weights, seq_lens, block_table, topk_indices);
+  CheckRowArgDims(q, s, weights, seq_lens, block_table, topk_indices);
   CheckPlacements({&q, &k_cache, &weights, &seq_lens, &block_table, &topk_indices});
   return s;
 }

@@ -39,7 +39,6 @@ inline IndexerShape CheckMxfp4Meta(const ArgMeta& q, const ArgMeta& q_scale, con
   CheckRankIn(q, 3, "[B, H, 64]", 4, "[B, N, H, 64]");
   CheckRankIn(q_scale, 2, "[B * N, H]", 3, "[B, N, H]");
   CheckRank(k_cache, 4, "[num_pages, 64, 1, 68]");
-  CheckRowArgRanks(weights, seq_lens, block_table, topk_indices);
 
   if (q.size(q.ndim() - 1) == kHeadDim) {
     TVM_FFI_THROW(ValueError) << q.name << " has " << kHeadDim << " bytes per head (shape " << ShapeString(q)
@@ -52,7 +51,7 @@ inline IndexerShape CheckMxfp4Meta(const ArgMeta& q, const ArgMeta& q_scale, con
   CheckNotOtherPageFormat(k_cache, kTokenBytes, "FP8 pages",
                           "MXFP4 pages of 68 bytes per token: call ffi_dsa.call / topk_indexer for FP8 pages");
   CheckPageDims(k_cache, kMxfp4TokenBytes, "64 E2M1 value bytes + 4 UE8M0 scale bytes");
-  CheckRowArgDims(s, weights, seq_lens, block_table, topk_indices);
+  CheckRowArgDims(q, s, weights, seq_lens, block_table, topk_indices);
   CheckPlacements({&q, &q_scale, &k_cache, &weights, &seq_lens, &block_table, &topk_indices});
   return s;
 }

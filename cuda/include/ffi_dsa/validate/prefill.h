@@ -52,14 +52,9 @@ inline PrefillShape CheckPrefillMeta(const ArgMeta& q, const ArgMeta& k, const A
   CheckDType(ke, Is(ke.dtype, kDLInt, 32), "int32");
   CheckDType(topk_indices, Is(topk_indices.dtype, kDLInt, 32), "int32");
 
+  // q and k first: their M, H and N are the numbers the other shapes are checked (and explained) in
   CheckRank(q, 3, "[M, H, 128]");
   CheckRank(k, 2, "[N, 128]");
-  CheckRank(k_scale, 1, "[N]");
-  CheckRank(weights, 2, "[M, H]");
-  CheckRank(ks, 1, "[M]");
-  CheckRank(ke, 1, "[M]");
-  CheckRank(topk_indices, 2, "[M, K]");
-
   PrefillShape s;
   s.rows = q.size(0);
   s.num_keys = k.size(0);
@@ -71,12 +66,35 @@ inline PrefillShape CheckPrefillMeta(const ArgMeta& q, const ArgMeta& k, const A
     TVM_FFI_THROW(ValueError) << k.name << " has " << s.num_keys << " rows; ids are int32, so N must be <= "
                               << std::numeric_limits<int32_t>::max();
   }
-  CheckDim(k_scale, 0, s.num_keys, "N, keys, from k");
-  CheckDim(weights, 0, s.rows, "M, query rows, from q");
-  CheckDim(weights, 1, s.heads, "H, index heads, from q");
-  CheckDim(ks, 0, s.rows, "M, query rows, from q");
-  CheckDim(ke, 0, s.rows, "M, query rows, from q");
-  CheckDim(topk_indices, 0, s.rows, "M, query rows, from q");
+  const int64_t m = s.rows, h = s.heads, n = s.num_keys;
+  auto sizes = [&] {
+    return "M = " + Dim(m) + ", H = " + Dim(h) + " from q of shape " + ShapeString(q) + ", N = " + Dim(n) +
+           " from k of shape " + ShapeString(k);
+  };
+  if (!ShapeIs(k_scale, {n})) {
+    const std::string ok = AcceptedShapes(k_scale, {{{Dim(n)}, "[N]"}}, sizes());
+    CheckRank(k_scale, 1, "[N]", ok);
+    CheckDim(k_scale, 0, n, "N, keys, from k", ok);
+  }
+  if (!ShapeIs(weights, {m, h})) {
+    const std::string ok = AcceptedShapes(weights, {{{Dim(m), Dim(h)}, "[M, H]"}}, sizes());
+    CheckRank(weights, 2, "[M, H]", ok);
+    CheckDim(weights, 0, m, "M, query rows, from q", ok);
+    CheckDim(weights, 1, h, "H, index heads, from q", ok);
+  }
+  for (const ArgMeta* bound : {&ks, &ke}) {
+    if (!ShapeIs(*bound, {m})) {
+      const std::string ok = AcceptedShapes(*bound, {{{Dim(m)}, "[M]"}}, sizes());
+      CheckRank(*bound, 1, "[M]", ok);
+      CheckDim(*bound, 0, m, "M, query rows, from q", ok);
+    }
+  }
+  if (!ShapeIs(topk_indices, {m, -1})) {
+    const std::string ok =
+        AcceptedShapes(topk_indices, {{{Dim(m), "K"}, "[M, K]"}}, sizes() + ", K <= " + Dim(kMaxTopK));
+    CheckRank(topk_indices, 2, "[M, K]", ok);
+    CheckDim(topk_indices, 0, m, "M, query rows, from q", ok);
+  }
   s.topk = CheckTopK(topk_indices);
   CheckPlacements({&q, &k, &k_scale, &weights, &ks, &ke, &topk_indices});
   return s;
