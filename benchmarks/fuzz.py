@@ -292,19 +292,26 @@ def verdict(task) -> list[str]:
     exact, args, topk, sorted_, ids, got, again = task
     pool = _POOLS[exact]
     args = (args[0], pool.k_cache, *args[2:])  # the task left the shared cache out (35 MB to pickle)
+    return output_problems(pool, got, again, reference_rows(pool, args), topk, sorted_, ids,
+                           lambda rows: ffi_dsa.check_topk(got, *args, sorted=sorted_, ids=ids, rows=rows))
+
+
+def output_problems(pool, got, again, rows, topk, sorted_, ids, check) -> list[str]:
+    """What is wrong with one call's output `got` (and its repeat `again`) against the reference's
+    rows: unwritten elements, bytes that differ between the runs, and on exact data any row other
+    than the reference's choice, else what `check(rows)` (the op's tolerance check) finds."""
     problems = []
     if np.any(got == Runner.SENTINEL):
         problems.append("output not fully written")
     if not np.array_equal(got, again):
         problems.append("a repeated call gave other bytes")
-    rows = reference_rows(pool, args)
     if pool.exact:
         want = select_rows(rows, topk, sorted_, ids=ids)
         bad = np.nonzero(np.any(got.reshape(want.shape) != want, axis=1))[0]
         if bad.size:
             problems.append(f"exact data: rows {bad[:5].tolist()} differ from the reference's choice")
     else:
-        problems += ffi_dsa.check_topk(got, *args, sorted=sorted_, ids=ids, rows=rows)
+        problems += check(rows)
     return problems
 
 
@@ -434,20 +441,8 @@ def mxfp4_verdict(task) -> list[str]:
     exact, args, topk, sorted_, ids, got, again = task
     pool = _POOLS[exact]
     args = (*args[:2], pool.k_cache, *args[3:])
-    problems = []
-    if np.any(got == Runner.SENTINEL):
-        problems.append("output not fully written")
-    if not np.array_equal(got, again):
-        problems.append("a repeated call gave other bytes")
-    rows = mxfp4_reference_rows(pool, args)
-    if pool.exact:
-        want = select_rows(rows, topk, sorted_, ids=ids)
-        bad = np.nonzero(np.any(got.reshape(want.shape) != want, axis=1))[0]
-        if bad.size:
-            problems.append(f"exact data: rows {bad[:5].tolist()} differ from the reference's choice")
-    else:
-        problems += ffi_dsa.check_mxfp4_topk(got, *args, sorted=sorted_, ids=ids, rows=rows)
-    return problems
+    return output_problems(pool, got, again, mxfp4_reference_rows(pool, args), topk, sorted_, ids,
+                           lambda rows: ffi_dsa.check_mxfp4_topk(got, *args, sorted=sorted_, ids=ids, rows=rows))
 
 
 def mxfp4_calls_and_outputs(rng, count: int, deadline: float):
