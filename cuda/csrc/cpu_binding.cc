@@ -70,8 +70,9 @@ void PrefillTopkIndexerCheckShapes(Array<Array<int64_t>> shapes, Array<DLDataTyp
   ffi_dsa::CheckPrefillMeta(m[0], m[1], m[2], m[3], m[4], m[5], m[6]);
 }
 
-// contract.h's layout constants, so that Python (ffi_dsa/contract.py) reads them instead of
-// writing them down a second time.
+// contract.h's layout constants as the compiled module holds them. ffi_dsa/contract.py reads the
+// header as text (importing it loads nothing native); tests/test_package.py checks that it reads
+// what the compiler did.
 tvm::ffi::Map<tvm::ffi::String, int64_t> ContractConstants() {
   return {{"num_heads", ffi_dsa::kNumHeads},      {"num_heads_narrow", ffi_dsa::kNumHeadsNarrow},
           {"max_queries", ffi_dsa::kMaxQueries},  {"head_dim", ffi_dsa::kHeadDim},
@@ -86,14 +87,14 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> ContractConstants() {
           {"ue8m0_bias", ffi_dsa::kUe8m0Bias},    {"ue8m0_nan", ffi_dsa::kUe8m0NaN}};
 }
 
-// mxfp4_e2m1.h's E2M1 magnitudes by code (0, 0.5, ..., 6), for ffi_dsa/contract.py likewise.
+// mxfp4_e2m1.h's E2M1 magnitudes by code (0, 0.5, ..., 6), for the same check.
 Array<double> ContractE2M1Magnitudes() {
   Array<double> values;
   for (const float v : ffi_dsa::kE2M1Magnitudes) values.push_back(v);
   return values;
 }
 
-// contract.h's names of each op's `ids` values (default first), for the same reason.
+// contract.h's names of each op's `ids` values (default first), for the same check.
 tvm::ffi::Map<String, Array<String>> ContractIds() {
   auto names = [](const char* const (&ids)[2]) { return Array<String>{String(ids[0]), String(ids[1])}; };
   return {{"topk_indexer", names(ffi_dsa::kDecodeIds)},

@@ -182,18 +182,11 @@ inline IndexerShape CheckIndexerMeta(const ArgMeta& q, const ArgMeta& k_cache, c
   return s;
 }
 
-// `expected_device_type` is the device the calling module serves (kDLCPU or kDLCUDA).
-inline IndexerArgs CheckIndexerArgs(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k_cache,
-                                    const tvm::ffi::TensorView& weights,
-                                    const tvm::ffi::TensorView& seq_lens,
-                                    const tvm::ffi::TensorView& block_table,
-                                    const tvm::ffi::TensorView& topk_indices,
-                                    DLDeviceType expected_device_type) {
-  using detail::DataAs;
-  const auto m = ServedArgMetas(kArgNames, {q, k_cache, weights, seq_lens, block_table, topk_indices},
-                                expected_device_type);
-  IndexerArgs args;
-  static_cast<IndexerShape&>(args) = CheckIndexerMeta(m[0], m[1], m[2], m[3], m[4], m[5]);
+namespace detail {
+// The pointers and sizes of a paged op's checked arguments (decode's; the MXFP4 op adds q_scale).
+inline void SetPagedArgs(IndexerArgs& args, const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k_cache,
+                         const tvm::ffi::TensorView& weights, const tvm::ffi::TensorView& seq_lens,
+                         const tvm::ffi::TensorView& block_table, const tvm::ffi::TensorView& topk_indices) {
   args.q = DataAs<const uint8_t>(q);
   args.k_cache = DataAs<const uint8_t>(k_cache);
   args.weights = DataAs<const float>(weights);
@@ -203,6 +196,21 @@ inline IndexerArgs CheckIndexerArgs(const tvm::ffi::TensorView& q, const tvm::ff
   args.num_pages = k_cache.size(0);
   args.max_pages = block_table.size(1);
   args.device = q.device();
+}
+}  // namespace detail
+
+// `expected_device_type` is the device the calling module serves (kDLCPU or kDLCUDA).
+inline IndexerArgs CheckIndexerArgs(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k_cache,
+                                    const tvm::ffi::TensorView& weights,
+                                    const tvm::ffi::TensorView& seq_lens,
+                                    const tvm::ffi::TensorView& block_table,
+                                    const tvm::ffi::TensorView& topk_indices,
+                                    DLDeviceType expected_device_type) {
+  const auto m = ServedArgMetas(kArgNames, {q, k_cache, weights, seq_lens, block_table, topk_indices},
+                                expected_device_type);
+  IndexerArgs args;
+  static_cast<IndexerShape&>(args) = CheckIndexerMeta(m[0], m[1], m[2], m[3], m[4], m[5]);
+  detail::SetPagedArgs(args, q, k_cache, weights, seq_lens, block_table, topk_indices);
   return args;
 }
 

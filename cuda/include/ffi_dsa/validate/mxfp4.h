@@ -61,21 +61,12 @@ inline Mxfp4Args CheckMxfp4Args(const tvm::ffi::TensorView& q, const tvm::ffi::T
                                 const tvm::ffi::TensorView& k_cache, const tvm::ffi::TensorView& weights,
                                 const tvm::ffi::TensorView& seq_lens, const tvm::ffi::TensorView& block_table,
                                 const tvm::ffi::TensorView& topk_indices, DLDeviceType expected_device_type) {
-  using detail::DataAs;
   const auto m = ServedArgMetas(kMxfp4ArgNames, {q, q_scale, k_cache, weights, seq_lens, block_table, topk_indices},
                                 expected_device_type);
   Mxfp4Args args;
   static_cast<IndexerShape&>(args) = CheckMxfp4Meta(m[0], m[1], m[2], m[3], m[4], m[5], m[6]);
-  args.q = DataAs<const uint8_t>(q);
-  args.q_scale = DataAs<const int32_t>(q_scale);
-  args.k_cache = DataAs<const uint8_t>(k_cache);
-  args.weights = DataAs<const float>(weights);
-  args.seq_lens = DataAs<const int32_t>(seq_lens);
-  args.block_table = DataAs<const int32_t>(block_table);
-  args.topk_indices = DataAs<int32_t>(topk_indices);
-  args.num_pages = k_cache.size(0);
-  args.max_pages = block_table.size(1);
-  args.device = q.device();
+  detail::SetPagedArgs(args, q, k_cache, weights, seq_lens, block_table, topk_indices);
+  args.q_scale = detail::DataAs<const int32_t>(q_scale);
   return args;
 }
 
