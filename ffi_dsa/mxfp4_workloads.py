@@ -12,7 +12,7 @@ import numpy as np
 from .contract import HEAD_DIM, NUM_HEADS, PAGE_TOKENS
 from .decode import output_shape
 from .mxfp4_cache import pack_mxfp4_k_cache, quantize_mxfp4_q
-from .workloads import page_layout, rows_of_pool
+from .workloads import batch_layout, context_tokens, rows_of_pool
 
 
 @dataclass
@@ -37,8 +37,7 @@ class Mxfp4Batch:
 
     @property
     def tokens(self) -> int:
-        lens = np.clip(self.seq_lens, 0, None)
-        return int((lens.max(axis=1) if lens.ndim == 2 else lens).sum())
+        return context_tokens(self.seq_lens)
 
 
 def make_mxfp4_batch(seq_lens, *, seed: int = 0, spare_pages: int = 0, max_pages: int | None = None,
@@ -46,13 +45,8 @@ def make_mxfp4_batch(seq_lens, *, seed: int = 0, spare_pages: int = 0, max_pages
     """A batch with the given row lengths (``[B]``, or ``[B, N]`` with ``queries=N``), as
     ffi_dsa.workloads.make_batch makes FP8 ones."""
     rng = np.random.default_rng(seed)
-    seq_lens = np.asarray(seq_lens, dtype=np.int32)
-    if seq_lens.ndim == 2 and queries is None:
-        raise ValueError("seq_lens [B, N] needs queries=N")
-    row_lens = seq_lens.max(axis=1, initial=0) if seq_lens.ndim == 2 else seq_lens
-    pages_per_row, max_pages, num_pages = page_layout(row_lens, spare_pages, max_pages)
+    seq_lens, pages_per_row, max_pages, num_pages, query_dims = batch_layout(seq_lens, queries, spare_pages, max_pages)
     k_cache = pack_mxfp4_k_cache(rng.standard_normal((num_pages, PAGE_TOKENS, HEAD_DIM), dtype=np.float32))
-    query_dims = (len(seq_lens),) if queries is None else (len(seq_lens), queries)
     q, q_scale = quantize_mxfp4_q(rng.standard_normal((*query_dims, heads, HEAD_DIM), dtype=np.float32))
     weights = rng.standard_normal((*query_dims, heads), dtype=np.float32)
     block_table = rows_of_pool(pages_per_row, max_pages, rng.permutation(num_pages).astype(np.int32))

@@ -48,8 +48,7 @@ class Batch:
     @property
     def tokens(self) -> int:
         """Context tokens of the batch's rows (a row's N queries share its tokens)."""
-        lens = np.clip(self.seq_lens, 0, None)
-        return int((lens.max(axis=1) if lens.ndim == 2 else lens).sum())
+        return context_tokens(self.seq_lens)
 
     def output_shape(self, topk: int) -> tuple[int, ...]:
         """[B, K], or [B, N, K] for a rank-4 q (ffi_dsa.decode.output_shape)."""
@@ -65,6 +64,25 @@ def page_layout(seq_lens, spare_pages: int = 0, max_pages: int | None = None) ->
     return pages_per_row, max_pages, num_pages
 
 
+def context_tokens(seq_lens) -> int:
+    """Context tokens of a batch with these lengths ([B], or [B, N]: a row's queries share its tokens)."""
+    lens = np.clip(np.asarray(seq_lens), 0, None)
+    return int((lens.max(axis=1) if lens.ndim == 2 else lens).sum())
+
+
+def batch_layout(seq_lens, queries: int | None, spare_pages: int, max_pages: int | None):
+    """(seq_lens as int32, pages per row, block-table width, pool size, the dims before q's heads) of a
+    batch with these lengths: ``[B]``, or ``[B, N]`` with ``queries=N`` (the row gets pages for its
+    longest query)."""
+    seq_lens = np.asarray(seq_lens, dtype=np.int32)
+    if seq_lens.ndim == 2 and queries is None:
+        raise ValueError("seq_lens [B, N] needs queries=N")
+    row_lens = seq_lens.max(axis=1, initial=0) if seq_lens.ndim == 2 else seq_lens
+    pages_per_row, max_pages, num_pages = page_layout(row_lens, spare_pages, max_pages)
+    query_dims = (len(seq_lens),) if queries is None else (len(seq_lens), queries)
+    return seq_lens, pages_per_row, max_pages, num_pages, query_dims
+
+
 def make_batch(seq_lens, *, seed: int = 0, spare_pages: int = 0, max_pages: int | None = None,
                scale_range=(0.5, 1.5), queries: int | None = None, heads: int = NUM_HEADS) -> Batch:
     """A batch with the given row lengths; pages are drawn without replacement from a shuffled pool.
@@ -74,11 +92,7 @@ def make_batch(seq_lens, *, seed: int = 0, spare_pages: int = 0, max_pages: int 
     queries' own lengths (the row gets pages for the longest). ``heads`` is H (64 or 32).
     """
     rng = np.random.default_rng(seed)
-    seq_lens = np.asarray(seq_lens, dtype=np.int32)
-    if seq_lens.ndim == 2 and queries is None:
-        raise ValueError("seq_lens [B, N] needs queries=N")
-    row_lens = seq_lens.max(axis=1, initial=0) if seq_lens.ndim == 2 else seq_lens
-    pages_per_row, max_pages, num_pages = page_layout(row_lens, spare_pages, max_pages)
+    seq_lens, pages_per_row, max_pages, num_pages, query_dims = batch_layout(seq_lens, queries, spare_pages, max_pages)
 
     keys = rng.standard_normal((num_pages, PAGE_TOKENS, HEAD_DIM), dtype=np.float32)
     k_cache = pack_k_cache(keys)
@@ -86,7 +100,6 @@ def make_batch(seq_lens, *, seed: int = 0, spare_pages: int = 0, max_pages: int 
         scales = k_cache.view(np.uint8).reshape(num_pages, -1)[:, PAGE_FP8_BYTES:].view("<f4")
         scales[:] = rng.uniform(*scale_range, size=scales.shape).astype(np.float32)
 
-    query_dims = (len(seq_lens),) if queries is None else (len(seq_lens), queries)
     q = rng.standard_normal((*query_dims, heads, HEAD_DIM), dtype=np.float32)
     q = q.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     weights = rng.standard_normal((*query_dims, heads), dtype=np.float32)
