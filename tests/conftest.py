@@ -289,6 +289,18 @@ def token_id(batch: Batch, b: int, t: int) -> int:
     return page * PAGE_TOKENS + slot
 
 
+def tie_rule_winners(scores: np.ndarray, k: int) -> np.ndarray:
+    """The positions the contract's tie rule picks from a row of exact scores whose K-th place is a
+    tie (asserted: the data must make one), independently of any reference: every token above the
+    cut, then the tied tokens with the smallest positions, in ascending position."""
+    ranked = np.sort(scores)[::-1]
+    cut = ranked[k - 1]
+    assert ranked[k] == cut, "test data must have a tie straddling the K-th place"
+    above = np.nonzero(scores > cut)[0]
+    tied = np.nonzero(scores == cut)[0][: k - len(above)]
+    return np.sort(np.concatenate([above, tied]))
+
+
 def row_ids(batch: Batch, b: int, positions) -> list[int]:
     return [token_id(batch, b, int(t)) for t in positions]
 

@@ -15,6 +15,7 @@ from ffi_dsa.contract import (MAX_QUERIES, MXFP4_BLOCK, MXFP4_PAGE_VALUE_BYTES, 
 from ffi_dsa.mxfp4_cache import pack_nibbles
 from ffi_dsa.mxfp4_workloads import make_mxfp4_batch
 
+from conftest import tie_rule_winners
 from mxfp4_helpers import (assert_exact_mxfp4, assert_valid_mxfp4, codes_of, make_exact_mxfp4_batch, mxfp4_scores,
                            page_bytes, run_mxfp4, set_q_scale, set_token, token_id)
 
@@ -68,13 +69,7 @@ def test_ties_at_the_cut_smaller_position_wins(kernel):
     k = 1024
     out = run_mxfp4(batch, k)
     for b in range(2):
-        scores = mxfp4_scores(batch, b)
-        ranked = np.sort(scores)[::-1]
-        cut = ranked[k - 1]
-        assert ranked[k] == cut, "test data must have a tie straddling the K-th place"
-        above = np.nonzero(scores > cut)[0]
-        tied = np.nonzero(scores == cut)[0][: k - len(above)]
-        expected = np.sort(np.concatenate([above, tied]))
+        expected = tie_rule_winners(mxfp4_scores(batch, b), k)
         assert out[b].tolist() == [token_id(batch, b, int(t)) for t in expected]
 
 

@@ -24,6 +24,7 @@ from conftest import (
     run_dps,
     scores_of_row,
     set_token,
+    tie_rule_winners,
     token_id,
 )
 
@@ -44,16 +45,7 @@ def test_ties_at_the_cut_smaller_position_wins(device, seed, k, lens):
     out = run_dps(batch.to_torch(device), topk=k)
 
     for b, n in enumerate(lens):
-        scores = scores_of_row(batch, b)
-        ranked = np.sort(scores)[::-1]
-        cut = ranked[k - 1]
-        assert ranked[k] == cut, "test data must have a tie straddling the K-th place"
-        # The rule, independently of the reference: every token above the cut, then the tied tokens
-        # with the smallest positions, listed by ascending position.
-        above = np.nonzero(scores > cut)[0]
-        tied = np.nonzero(scores == cut)[0][: k - len(above)]
-        expected = np.sort(np.concatenate([above, tied]))
-        assert out[b].tolist() == row_ids(batch, b, expected)
+        assert out[b].tolist() == row_ids(batch, b, tie_rule_winners(scores_of_row(batch, b), k))
     assert_exact(out, batch, topk=k)
 
 
