@@ -98,7 +98,7 @@ def call(q, k_cache, weights, seq_lens, block_table, topk_indices, sorted: bool 
     inputs) and raises instead of masking them.
     """
     _op.call(OP, (q, k_cache, weights, seq_lens, block_table, topk_indices),
-             (_arrays._strict_bool("sorted", sorted), positions(ids), max_seq_len_attr(max_seq_len)), validate)
+             OP.attrs({"sorted": sorted, "ids": ids, "max_seq_len": max_seq_len}), validate)
 
 
 def topk_indexer(q, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK, sorted: bool = False,

@@ -48,9 +48,8 @@ def mxfp4_call(q, q_scale, k_cache, weights, seq_lens, block_table, topk_indices
     anything is written; a CUDA tensor raises NotImplementedError (no CUDA kernel yet).
     ``validate=True`` checks page ids and lengths on the host, as decode does.
     """
-    sorted_, validate = _arrays._strict_bool("sorted", sorted), _arrays._strict_bool("validate", validate)
     _op.call(OP, (q, q_scale, k_cache, weights, seq_lens, block_table, topk_indices),
-             (sorted_, decode.positions(ids), decode.max_seq_len_attr(max_seq_len)), validate)
+             OP.attrs({"sorted": sorted, "ids": ids, "max_seq_len": max_seq_len}), validate)
 
 
 def mxfp4_topk_indexer(q, q_scale, k_cache, weights, seq_lens, block_table, topk: int = DEFAULT_TOPK,
@@ -61,8 +60,7 @@ def mxfp4_topk_indexer(q, q_scale, k_cache, weights, seq_lens, block_table, topk
     (ffi_dsa.jax_ops) under ``jax.jit`` (``topk``, ``sorted``, ``ids``, ``max_seq_len`` static),
     ``jax.vmap`` and over a mesh, as ffi_dsa.topk_indexer is."""
     inputs = (q, q_scale, k_cache, weights, seq_lens, block_table)
-    options = {"sorted": _arrays._strict_bool("sorted", sorted), "ids": ids, "max_seq_len": max_seq_len}
-    validate = _arrays._strict_bool("validate", validate)
+    options = {"sorted": sorted, "ids": ids, "max_seq_len": max_seq_len}
     if _arrays.framework(q) == "jax":
         from . import jax_ops
 

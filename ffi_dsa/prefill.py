@@ -58,8 +58,7 @@ def prefill_call(q, k, k_scale, weights, ks, ke, topk_indices, sorted: bool = Fa
     ``ke > N`` to N, count ``ks < 0`` as 0 and leave rows with ``ks >= ke`` empty;
     ``validate=True`` checks ks and ke on the host and raises instead (see validate_prefill).
     """
-    attrs = (_arrays._strict_bool("sorted", sorted), absolute_ids(ids))
-    _op.call(OP, (q, k, k_scale, weights, ks, ke, topk_indices), attrs, validate)
+    _op.call(OP, (q, k, k_scale, weights, ks, ke, topk_indices), OP.attrs({"sorted": sorted, "ids": ids}), validate)
 
 
 def prefill_topk_indexer(q, k, k_scale, weights, ks, ke, topk: int = DEFAULT_TOPK, sorted: bool = False,
