@@ -1,6 +1,6 @@
 """Where one call's time goes: per-kernel durations and gaps inside CUDA-graph replays.
 
-    python benchmarks/kernel_timeline.py [W1,W3,C2 ...] [--queries N] [--floor] [--bin-select]
+    python benchmarks/kernel_timeline.py [W1,W3,C2 ...] [--queries N] [--floor] [--pass-select]
                                                                (a GPU; default C2,W1,W3,W5,W6)
 
 bench_gpu.py times each replay between two CUDA events; that number includes the graph launch
@@ -13,8 +13,8 @@ floor of the event method). Medians over `--replays` calls. "ends X after score"
 path's tail: from the scoring kernel's end (its last page's keys written) to the select's last id.
 `--queries N` times N query tokens per row; `--floor` adds a second line per workload with the
 select stopped once its keys are staged and binned (ffi_dsa.cuda_options select_floor: nothing is
-written), the split path's fixed cost. `--bin-select` times the bin select (cuda_options
-bin_select) instead of the four-pass select; the floor is the bin select's.
+written), the split path's fixed cost (the bin select's). `--pass-select` times the four-pass select
+the bin select replaced (cuda_options bin_select=False) instead.
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-sets", type=int, default=64)
     parser.add_argument("--queries", type=int, default=None, help="N query tokens per row (default: 1, rank-3 q)")
     parser.add_argument("--floor", action="store_true", help="also time the select stopped after staging")
-    parser.add_argument("--bin-select", action="store_true", help="the bin select (cuda_options bin_select)")
+    parser.add_argument("--pass-select", action="store_true",
+                        help="the four-pass select (cuda_options bin_select=False)")
     a = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("kernel_timeline: needs a CUDA GPU")
@@ -112,11 +113,11 @@ def main(argv=None) -> int:
     specs = workloads()
     from ffi_dsa.cuda_options import set_cuda_options, using_cuda_options
 
-    set_cuda_options(bin_select=a.bin_select)
-    n = (f" N={a.queries}" if a.queries else "") + (" bins" if a.bin_select else " passes")
+    set_cuda_options(bin_select=not a.pass_select)
+    n = (f" N={a.queries}" if a.queries else "") + (" passes" if a.pass_select else " bins")
     for name in a.workloads.split(","):
         print(timeline(name, specs[name], clock, a.replays, a.max_sets, a.queries) + n, flush=True)
-        if a.floor and a.bin_select:
+        if a.floor and not a.pass_select:
             with using_cuda_options(select_floor=True):
                 print(timeline(name, specs[name], clock, a.replays, a.max_sets, a.queries) + n + " floor", flush=True)
     return 0

@@ -1,6 +1,6 @@
 """Where a select kernel's warps wait (Nsight Compute): stall reasons, issue rate, instructions.
 
-    python benchmarks/select_stalls.py [W1,W5,W6] [--queries N] [--bin-select] [--sass DIR]
+    python benchmarks/select_stalls.py [W1,W5,W6] [--queries N] [--pass-select] [--sass DIR]
                                                                     (a GPU with `ncu` on PATH)
 
 For each workload it runs the call twice in a child process under ncu (L2 left as the first call
@@ -8,7 +8,7 @@ leaves it, clocks alone: `--cache-control none --clock-control none`) and prints
 call's SelectRowsKernel and FusedRowsKernel, ncu's warp-state, scheduler and instruction sections
 and the source lines where most stall samples fall. A select is a latency chain on few warps, so
 its stall mix (instruction fetch, barriers, shared-memory or L2 latency) says what to shorten.
-`--bin-select` profiles the bin select (ffi_dsa.cuda_options bin_select). `--sass DIR` also writes,
+`--pass-select` profiles the four-pass select the bin select replaced (cuda_options bin_select=False). `--sass DIR` also writes,
 per workload, ncu's source page as CSV (DIR/<workload>_sass.csv: every SASS instruction of the
 kernel with its CUDA source line, executed instructions and stall samples), to count on the host
 which phase issues how much.
@@ -25,7 +25,7 @@ KERNELS = "regex:SelectRowsKernel|FusedRowsKernel"
 SECTIONS = ("WarpStateStats", "SchedulerStats", "InstructionStats", "LaunchStats", "SourceCounters")
 
 
-def child(name: str, queries: int | None, bin_select: bool) -> int:
+def child(name: str, queries: int | None, pass_select: bool) -> int:
     import torch
 
     import ffi_dsa
@@ -35,7 +35,7 @@ def child(name: str, queries: int | None, bin_select: bool) -> int:
     from gpu_batches import make_batch_torch
 
     _ffi_api.cuda_module()
-    set_cuda_options(bin_select=bin_select)
+    set_cuda_options(bin_select=not pass_select)
     batch = make_batch_torch(workloads()[name]["lens"], seed=5, device="cuda", queries=queries)
     out = torch.full(batch.output_shape(TOPK), -7, dtype=torch.int32, device="cuda")
     for _ in range(2):
@@ -48,14 +48,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workloads", nargs="?", default="W1,W5,W6")
     parser.add_argument("--queries", type=int, default=None)
-    parser.add_argument("--bin-select", action="store_true")
+    parser.add_argument("--pass-select", action="store_true")
     parser.add_argument("--sass", help="folder for each workload's per-instruction CSV")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     a = parser.parse_args(argv)
     if a.child:
-        return child(a.child, a.queries, a.bin_select)
+        return child(a.child, a.queries, a.pass_select)
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-    extra = (["--queries", str(a.queries)] if a.queries else []) + (["--bin-select"] if a.bin_select else [])
+    extra = (["--queries", str(a.queries)] if a.queries else []) + (["--pass-select"] if a.pass_select else [])
     for name in a.workloads.split(","):
         cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--kernel-name", KERNELS,
                "--launch-skip", "1", "--launch-count", "1", "--import-source", "yes"]
