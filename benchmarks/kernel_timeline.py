@@ -11,6 +11,11 @@ dependent launch placed it early and it waited), the gap from one call's select 
 scoring kernel, and, once, the event-bracketed time of a graph holding a single tiny kernel (the
 floor of the event method). Medians over `--replays` calls. "ends X after score" is the split
 path's tail: from the scoring kernel's end (its last page's keys written) to the select's last id.
+A workload on the fused path (one FusedRowsKernel per call, W5) prints the kernel's duration and
+its select tail from the kernel's own stamps (ffi_dsa.cuda_options stamp_fused_tail: the global
+timer when each row's last page is scored and when its last id is written): "tail" is the call's
+last write after its last page (max done - max scored over the rows), "per row" the median row's
+own (from SM cycles), both medians over the replays.
 `--queries N` times N query tokens per row; `--floor` adds a second line per workload with the
 select stopped once its keys are staged and binned (ffi_dsa.cuda_options select_floor: nothing is
 written), the split path's fixed cost (the bin select's). `--pass-select` times the four-pass select
@@ -63,8 +68,26 @@ def kernel_records(fns) -> list[dict]:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         events = json.load(open(f.name))["traceEvents"]
-    kernels = [e for e in events if e.get("cat") == "kernel" and ("Score" in e["name"] or "Select" in e["name"])]
+    kernels = [e for e in events if e.get("cat") == "kernel" and any(k in e["name"] for k in ("Score", "Select", "Fused"))]
     return sorted(kernels, key=lambda e: e["ts"])
+
+
+def fused_tail(graphs, rows: int, replays: int) -> tuple[float, float]:
+    """The fused path's tail in µs from the kernel's stamps: the median over `replays` calls of the
+    call's last write after its last page, and of the median row's own tail (SM cycles)."""
+    from ffi_dsa.cuda_options import fused_tail_stamps
+
+    device = torch.cuda.current_device()
+    hz = _clock_hz()
+    call_tails, row_tails = [], []
+    for i in range(replays):
+        graphs[i % len(graphs)].replay()
+        stamps = [s for s in fused_tail_stamps(device, rows) if s is not None]
+        if not stamps:
+            continue
+        call_tails.append((max(d for _, d, _ in stamps) - max(c for c, _, _ in stamps)) / 1e3)
+        row_tails.append(median([cycles / hz * 1e6 for _, _, cycles in stamps]))
+    return median(call_tails), median(row_tails)
 
 
 def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, queries: int | None = None) -> str:
@@ -81,6 +104,17 @@ def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, q
     fns = [graphs[i % len(graphs)].replay for i in range(replays)]
     event_us = median(clock.time_each(fns, head_start_s=5e-3)) * 1e6
     ks = kernel_records(fns)
+    fused = [e["dur"] for e in ks if "Fused" in e["name"]]
+    if fused:
+        from ffi_dsa.cuda_options import fused_tail_stamps, using_cuda_options
+
+        rows = len(spec["lens"])
+        fused_tail_stamps(torch.cuda.current_device(), rows)  # the stamp buffer exists before any capture
+        with using_cuda_options(stamp_fused_tail=True):  # a stamped graph stamps on every replay
+            stamped = capture_graphs(make_call, rot.sets, pool=torch.cuda.graph_pool_handle())
+        call_tail, row_tail = fused_tail(stamped, rows, replays)
+        return (f"{name:3s} events {event_us:6.2f} us | fused {median(fused):6.2f} (n={len(fused)}) | select tail "
+                f"{call_tail:5.2f} after the last page (per row {row_tail:5.2f})")
     score = [e["dur"] for e in ks if "Score" in e["name"]]
     select = [e["dur"] for e in ks if "Select" in e["name"]]
     select_after, next_call = [], []
@@ -113,7 +147,7 @@ def main(argv=None) -> int:
     specs = workloads()
     from ffi_dsa.cuda_options import set_cuda_options, using_cuda_options
 
-    set_cuda_options(bin_select=not a.pass_select)
+    set_cuda_options(bin_select=not a.pass_select, stamp_fused_tail=False)
     n = (f" N={a.queries}" if a.queries else "") + (" passes" if a.pass_select else " bins")
     for name in a.workloads.split(","):
         print(timeline(name, specs[name], clock, a.replays, a.max_sets, a.queries) + n, flush=True)

@@ -8,7 +8,8 @@ Cases: lengths 0, 1, 2047, 2048, 2049 (around K), a long row (~20K tokens: many 
 a 128K row (a 16-CTA select cluster), every score equal (the radix select over a cluster), invalid
 page ids (negative and >= num_pages) inside the used range, a negative and a too-long seq_len,
 sorted=True, rows of at most K tokens only (the one-kernel path), several queries per row (N = 2, 4;
-causal and per-query seq_lens; both paths) and 32 heads, B=0, and the options: ids="positions" on
+causal and per-query seq_lens; both paths; the one-kernel path's queries selected side by side) and
+32 heads, B=0, and the options: ids="positions" on
 both paths, and a max_seq_len far below a 128K row on a table 2560 pages wide (the select planned
 for short rows reading a long one). Each output is poisoned first and checked with ffi_dsa.check_topk.
 Run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that memcheck sees exact allocation bounds.
@@ -75,6 +76,8 @@ def cases():
     lens = np.random.default_rng(23).integers(0, 4097, size=(132, 2))  # one CTA per row, both queries
     lens[:3] = [[0, 4096], [2049, 2048], [4096, 1]]
     yield "N=2 x 132 rows <= 4K (one kernel)", make_batch(lens, seed=23, queries=2), False
+    yield "N=4, 32 heads, 132 rows <= 4K (one kernel, queries side by side)", make_batch(
+        np.random.default_rng(29).integers(1500, 4097, size=132), seed=29, queries=4, heads=32), False
     yield "N=4, 32 heads, 132 rows <= 2K (one kernel), sorted", make_batch(
         np.random.default_rng(24).integers(0, 2049, size=132), seed=24, queries=4, heads=32), True
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ffi_dsa.cuda_options import cuda_options, set_cuda_options, using_cuda_options
+from ffi_dsa.cuda_options import cuda_options, fused_tail_stamps, set_cuda_options, using_cuda_options
 from ffi_dsa.workloads import make_batch
 
 from conftest import assert_valid_topk, make_exact_batch, run_dps
@@ -18,7 +18,7 @@ from mtp_batches import Form, mtp_batch
 pytestmark = pytest.mark.cuda
 
 DEFAULTS = {"fused": True, "pdl": True, "max_select_cluster": 16, "bin_select": True,
-            "select_floor": False}
+            "select_floor": False, "stamp_fused_tail": False}
 
 
 @pytest.fixture(autouse=True)
@@ -85,6 +85,27 @@ def test_split_path_gives_the_fused_bytes(make, sorted_):
         assert_valid_topk(fused, batch, sorted=sorted_)
 
 
+@pytest.mark.parametrize("queries", [1, 2])
+def test_fused_tail_stamps_time_every_row_and_change_no_byte(queries):
+    """stamp_fused_tail: every row of a stamped fused call gets (scored, done, cycles) with the last
+    write after the last page, the outputs stay the same bytes, and unstamped calls stamp nothing."""
+    rows = fused_batch_size()
+    batch = mtp_batch(Form(queries, 64), np.random.default_rng(306).integers(3000, 7000, size=rows), seed=306)
+    args = batch.to_torch("cuda")
+    want = run_dps(args)
+    fused_tail_stamps(0, rows, clear=True)  # allocates the buffer, forgets earlier calls
+    assert fused_tail_stamps(0, rows) == [None] * rows
+    with using_cuda_options(stamp_fused_tail=True):
+        got = run_dps(args)
+    np.testing.assert_array_equal(got, want)
+    stamps = fused_tail_stamps(0, rows)
+    assert all(s is not None for s in stamps)
+    assert all(done >= scored > 0 and cycles > 0 for scored, done, cycles in stamps)
+    assert fused_tail_stamps(0, rows) == [None] * rows  # cleared by the read
+    run_dps(args)
+    assert fused_tail_stamps(0, rows) == [None] * rows  # off again: nothing stamped
+
+
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "split"])
 def test_without_programmatic_launch_the_same_bytes(fused):
     batch = make_batch(np.random.default_rng(305).integers(0, 9000, size=fused_batch_size()), seed=305)
@@ -115,7 +136,7 @@ def test_options_round_trip_and_restore():
     previous = set_cuda_options(fused=False, max_select_cluster=4)
     assert previous == DEFAULTS
     assert cuda_options() == {"fused": False, "pdl": True, "max_select_cluster": 4, "bin_select": True,
-                             "select_floor": False}
+                             "select_floor": False, "stamp_fused_tail": False}
     set_cuda_options(**previous)
     with pytest.raises(RuntimeError, match="inside"):
         with using_cuda_options(pdl=False):

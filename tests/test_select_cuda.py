@@ -7,7 +7,8 @@ reference, on one CTA and on clusters (rows longer than one CTA's slice), agains
 select-cluster cap, and in both orders, by both split-path selects (the four-pass select of
 sm90_cluster_topk.cuh and the bin select of sm90_bin_select.cuh, cuda_options bin_select). The
 distributions reach:
-- a K-th value bucket / bin of a few keys, ranked by all pairs;
+- a K-th value bucket / bin of a few keys, ranked by all pairs (the bin select: split by a digit of
+  the keys first, and by all pairs where its members bunch in one digit);
 - a band of 1800 near-equal keys around the K-th key: a gathered bucket too long for all pairs, a
   bin of more members than the bin select ranks (its search inside the bin);
 - a quarter of the row in that band: a bucket too full to gather (the radix search);
@@ -15,7 +16,9 @@ distributions reach:
   bin select's end bins take them all);
 - thousands of copies of the K-th key, more than K takes: ties by position across CTAs (a bin of
   one value);
-- NaN scores among the winners' last places (the NaN bin).
+- NaN scores among the winners' last places (the NaN bin);
+and on the fused path, where a row's N queries select side by side on groups of threads, a band of
+300 members (more than a group of 128 or 256 threads) and a relu plateau.
 """
 
 from __future__ import annotations
@@ -37,19 +40,20 @@ CAPS = (16, 8, 4, 2, 1)
 SELECTS = {"passes": False, "bins": True}  # cuda_options bin_select
 
 
-def scored_batch(lens, scales_of_row, *, seed: int, queries: int | None = None):
-    """Rows whose token t scores 64 x scales_of_row(b, n, rng)[t] exactly (scales rounded to FP16's
-    11 significant bits, then kept as float32: FP16's range is not a limit)."""
-    batch = make_batch(lens, seed=seed, scale_range=None, queries=queries)
+def scored_batch(lens, scales_of_row, *, seed: int, queries: int | None = None, heads: int = 64):
+    """Rows whose token t scores H x scales_of_row(b, n, rng)[t] exactly (scales rounded to FP16's
+    11 significant bits, then kept as float32: FP16's range is not a limit). With N queries, query
+    j of a row sees the same scores over its own prefix."""
+    batch = make_batch(lens, seed=seed, scale_range=None, queries=queries, heads=heads)
     rng = np.random.default_rng(seed + 7)
     batch.q[...] = 0
     batch.q[..., 0] = fp8_bytes([1.0])[0]
     batch.weights[...] = 1.0
     pages = page_bytes(batch)
     num_pages = pages.shape[0]
-    k = np.zeros((num_pages, PAGE_TOKENS, HEAD_DIM), np.float32)
-    k[..., 0] = 1.0
-    pages[:, :PAGE_FP8_BYTES] = fp8_bytes(k).reshape(num_pages, -1)
+    k = np.zeros((PAGE_TOKENS, HEAD_DIM), np.float32)  # every page's FP8 rows alike: 1 in dimension 0
+    k[:, 0] = 1.0
+    pages[:, :PAGE_FP8_BYTES] = fp8_bytes(k).reshape(1, -1)
     scales = np.ones((num_pages, PAGE_TOKENS), np.float32)
     lens = np.asarray(batch.seq_lens).reshape(len(batch.seq_lens), -1).max(axis=1)
     for b, n in enumerate(lens):
@@ -66,14 +70,18 @@ def spread(n, rng):
     return rng.uniform(0.01, 4.0, n)
 
 
-def band(n, rng, width=1800):
-    """1000 keys above a band of `width` near-equal keys (one FP16 bin), the rest below."""
+def band(n, rng, width=1800, above=1000):
+    """`above` keys above a band of `width` near-equal keys (one FP16 bin), the rest below."""
     v = rng.uniform(0.01, 0.5, n)
     order = rng.permutation(n)
-    above, inside = order[:1000], order[1000:1000 + width]
-    v[above] = rng.uniform(4.0, 8.0, len(above))
+    high, inside = order[:above], order[above:above + width]
+    v[high] = rng.uniform(4.0, 8.0, len(high))
     v[inside] = 1.0 + rng.uniform(0, 2.0 ** -8, len(inside))
     return v
+
+
+def narrow_band(n, rng):
+    return band(n, rng, width=300, above=1900)  # a bin of more members than a 128- or 256-thread group
 
 
 def wide_band(n, rng):
@@ -97,6 +105,17 @@ def copies(n, rng):
     return v
 
 
+def bunched(n, rng):
+    """2000 keys high, then in one bin 100 copies of a key and one key above them (K takes 47 of the
+    copies): the threshold bin's members bunch in one digit of its range (every member ranked)."""
+    v = rng.uniform(0.01, 0.5, n)
+    order = rng.permutation(n)
+    v[order[:2000]] = rng.uniform(4.0, 8.0, 2000)
+    v[order[2000:2100]] = 1.0
+    v[order[2100]] = 1.0 + 2.0 ** -7
+    return v
+
+
 def nans_last(n, rng):
     """Fewer numbers than K: every number, then NaNs by position (a NaN scale makes a NaN score)."""
     v = np.full(n, np.nan)
@@ -104,8 +123,13 @@ def nans_last(n, rng):
     return v
 
 
+def plateau(n, rng):
+    """A relu plateau: 90% of the row scores exactly 0 (the zero bin's ties by position)."""
+    return np.where(rng.random(n) < 0.9, 0.0, rng.uniform(0.5, 4.0, n))
+
+
 DISTRIBUTIONS = {"spread": spread, "band": band, "wide_band": wide_band, "huge": huge, "tiny": tiny, "copies": copies,
-                 "nans_last": nans_last}
+                 "bunched": bunched, "nans_last": nans_last}
 
 
 @pytest.mark.parametrize("select", list(SELECTS))
@@ -142,8 +166,8 @@ def test_bin_select_gives_the_pass_select_bytes(sorted_):
     """Random rows of every regime (one CTA, clusters, lengths around K) and a relu plateau (90% of
     a row scores exactly 0), both id kinds: the bin select writes the four-pass select's bytes."""
     lens = [0, 1, 2047, 2048, 2049, 5000, 8192, 8193, 30000, 70000, 131072]
-    plateau = lambda b, n, rng: np.where(rng.random(n) < 0.9, 0.0, rng.uniform(0.5, 4.0, n))  # noqa: E731
-    for batch in (make_batch(lens, seed=741), scored_batch([9000, 40000, 3000], plateau, seed=742)):
+    for batch in (make_batch(lens, seed=741), scored_batch([9000, 40000, 3000], lambda b, n, rng: plateau(n, rng),
+                                                           seed=742)):
         args = batch.to_torch("cuda")
         for ids in ("slots", "positions"):
             outs = {}
@@ -153,12 +177,32 @@ def test_bin_select_gives_the_pass_select_bytes(sorted_):
             np.testing.assert_array_equal(outs["bins"], outs["passes"], err_msg=f"ids={ids}")
 
 
-@pytest.mark.parametrize("name", ["band", "copies", "tiny"])
-def test_fused_path_exact(name):
-    """The fused path (one CTA per row selects from shared memory) on the same distributions."""
-    fn = DISTRIBUTIONS[name]
-    lens = np.random.default_rng(730).integers(6000, 9000, size=fused_batch_size())
-    batch = scored_batch(lens, lambda b, n, rng: fn(n, rng), seed=730)
+# The fused path's forms: (N, H, longest row). N x the table's width stays within the fused cap
+# (16K keys a CTA); N > 1 runs the queries' selects side by side on groups of 256 or 128 threads.
+FUSED_FORMS = {"N1": (1, 64, 6000), "N2": (2, 64, 5000), "N3_H32": (3, 32, 4500), "N4_H32": (4, 32, 3500),
+               "N4_H64": (4, 64, 3500)}
+FUSED_DISTRIBUTIONS = {**DISTRIBUTIONS, "narrow_band": narrow_band, "plateau": plateau}
+
+
+@pytest.mark.parametrize("form", list(FUSED_FORMS))
+@pytest.mark.parametrize("name", list(FUSED_DISTRIBUTIONS))
+def test_fused_path_exact(name, form):
+    """The fused path (each row's CTA selects its queries from shared memory) on the same
+    distributions, every N: exact in both orders, and the four-pass select's bytes. The bands reach
+    the all-pairs rank with more members than a group has threads, and the search inside the bin on
+    128-thread groups (two digits a thread)."""
+    queries, heads, longest = FUSED_FORMS[form]
+    fn = FUSED_DISTRIBUTIONS[name]
+    seed = 730 + list(FUSED_DISTRIBUTIONS).index(name)
+    lens = np.random.default_rng(seed).integers(longest * 3 // 4, longest + 1, size=fused_batch_size())
+    batch = scored_batch(lens, lambda b, n, rng: fn(n, rng), seed=seed, queries=None if queries == 1 else queries,
+                         heads=heads)
     args = batch.to_torch("cuda")
     assert kernels_run(args) == {"FusedRowsKernel"}
-    assert_exact(run_dps(args), batch, name=name)
+    for sorted_ in (False, True):
+        outs = {}
+        for select, on in SELECTS.items():
+            with using_cuda_options(bin_select=on):
+                outs[select] = run_dps(args, sorted=sorted_)
+        assert_exact(outs["bins"], batch, sorted=sorted_, name=f"{name} {form} sorted={sorted_}")
+        np.testing.assert_array_equal(outs["passes"], outs["bins"], err_msg=f"{name} {form} sorted={sorted_}")

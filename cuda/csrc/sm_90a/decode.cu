@@ -99,7 +99,38 @@ const DeviceFacts& DecodeDeviceFacts(int device) {
   });
 }
 
+struct TailStampBuffer {
+  unsigned long long* data = nullptr;
+};
+
 }  // namespace
+
+unsigned long long* FusedTailStampBuffer(int device) {
+  return OncePerDevice<TailStampBuffer>(device, [](int) {
+           TailStampBuffer b;
+           const size_t bytes = size_t(kMaxTailStampCtas) * kTailStampWords * sizeof(unsigned long long);
+           TVM_FFI_CHECK_CUDA_ERROR(cudaMalloc(&b.data, bytes));
+           TVM_FFI_CHECK_CUDA_ERROR(cudaMemset(b.data, 0, bytes));
+           return b;
+         }).data;
+}
+
+std::vector<int64_t> ReadFusedTailStamps(int device, int64_t rows, bool clear) {
+  if (rows < 0 || rows > kMaxTailStampCtas) {
+    TVM_FFI_THROW(ValueError) << "rows must be in [0, " << kMaxTailStampCtas << "], got " << rows;
+  }
+  int current = 0;
+  TVM_FFI_CHECK_CUDA_ERROR(cudaGetDevice(&current));
+  TVM_FFI_CHECK_CUDA_ERROR(cudaSetDevice(device));
+  unsigned long long* buffer = FusedTailStampBuffer(device);
+  std::vector<unsigned long long> words(static_cast<size_t>(rows) * kTailStampWords);
+  const size_t bytes = words.size() * sizeof(unsigned long long);
+  TVM_FFI_CHECK_CUDA_ERROR(cudaDeviceSynchronize());
+  TVM_FFI_CHECK_CUDA_ERROR(cudaMemcpy(words.data(), buffer, bytes, cudaMemcpyDeviceToHost));
+  if (clear) TVM_FFI_CHECK_CUDA_ERROR(cudaMemset(buffer, 0, bytes));
+  TVM_FFI_CHECK_CUDA_ERROR(cudaSetDevice(current));
+  return std::vector<int64_t>(words.begin(), words.end());
+}
 
 void TopkIndexer(const IndexerArgs& a, cudaStream_t stream, const DecodeOptions& options) {
   const DeviceFacts& facts = DecodeDeviceFacts(a.device.device_id);

@@ -11,9 +11,10 @@
 //   2. MemberPass: per (tile, warp) counts of keys above B and in B, and B's keys ("members")
 //      with their positions in a short list (a cluster: each CTA its own, read by all).
 //   3. Resolve: a bin of one value (NaN, exact zero, or whose members are all equal) needs no
-//      ranking: its first `need` keys by position win. Otherwise every CTA ranks the united list
-//      (all pairs, split over the threads) and marks its winners in place (kWinMark); a list too
-//      long to rank falls back to an exact radix search inside B (RefineInBin).
+//      ranking: its first `need` keys by position win. Otherwise every CTA splits the united list
+//      by a 256-way digit of the keys and ranks only the threshold digit's few members (all pairs
+//      over the whole list if that digit is crowded), and marks its winners in place (kWinMark); a
+//      list too long falls back to an exact radix search inside B (RefineInBin).
 //   4. Emit: one block scan of the (tile, warp) counts; a winner's slot is the winners before it
 //      (lower CTAs, lower tiles and warps, lower lanes by ballot). Sorted output: the winners'
 //      (key, position) words are merge-sorted by the cluster's first CTA.
@@ -42,12 +43,16 @@ namespace cg = cooperative_groups;
 constexpr int kMaxRanks = 16;  // the largest cluster the exchanges are written for (sm_90's)
 constexpr uint32_t kGroupBins = 32;  // a cluster exchanges group sums first, then one group's bins
 constexpr uint32_t kGroups = kSelectBins / kGroupBins;
-// Members a row ranks by all pairs (M^2 / threads comparisons each); more go to RefineInBin.
+// Members a row lists; more go to RefineInBin.
 constexpr uint32_t kMemberCapacity = 512;
+// The members are split by a 256-way digit of their keys first (RankByDigit); the members of the
+// threshold digit are ranked by all pairs up to this many (beyond, every member is).
+constexpr uint32_t kMemberDigits = 256;
+constexpr uint32_t kDigitMembers = 64;
 // Written over a member's key when it wins: never a key (rank_key.h maps every NaN to kNaNKey).
 constexpr uint32_t kWinMark = 0xFFFFFFFFu;
-// Keys of one emit chunk: its (tile, warp) counts are packed as two 16-bit halves.
-constexpr uint32_t kChunkKeys = 32768;
+// Most keys of one emit chunk: its (tile, warp) counts are packed as two 16-bit halves.
+constexpr uint32_t kMaxChunkKeys = 32768;
 // Tiles whose quads a pass loads before using the first (independent loads in flight).
 constexpr uint32_t kBatchTiles = 4;
 
@@ -55,8 +60,12 @@ template <int kThreads>
 struct Shape {
   static constexpr int kWarps = kThreads / 32;
   static constexpr uint32_t kTileKeys = kThreads * 4;  // a quad per thread
+  // A chunk's (tile, warp) counts are one per thread: 128 keys a thread at most.
+  static constexpr uint32_t kChunkKeys = kMaxChunkKeys < 128u * kThreads ? kMaxChunkKeys : 128u * kThreads;
   static constexpr uint32_t kChunkTiles = kChunkKeys / kTileKeys;
   static constexpr uint32_t kBinsPerThread = kSelectBins / kThreads;
+  // RefineInBin's 256 digits: one a thread, or a few in a group of fewer threads.
+  static constexpr uint32_t kDigitsPerThread = kThreads >= 256 ? 1 : 256 / kThreads;
   static_assert(kThreads % 128 == 0 && kSelectBins % kThreads == 0 && kGroups <= kThreads, "thread roles");
   static_assert(kChunkTiles * kWarps <= kThreads && kChunkKeys < 65536, "one count per thread, 16-bit halves");
   static_assert(kChunkTiles * kWarps % 32 == 0 && kChunkTiles * kWarps <= 256, "one warp scans a chunk's counts");
@@ -79,13 +88,17 @@ struct Storage {
   PassTotals totals;
   // Local:
   uint2 united[kMemberCapacity];  // every CTA's members
-  uint32_t member_rank[kMemberCapacity];
+  uint32_t member_rank[kMemberCapacity];  // a member's rank, or 0 (wins) / need (loses) after RankByDigit
+  uint32_t member_digits[kMemberDigits];  // RankByDigit's histogram
+  uint16_t digit_members[kDigitMembers];  // RankByDigit: the threshold digit's members (list indices)
   uint32_t table[kThreads];  // (tile, warp) counts of the current chunk, then their exclusive prefix
   uint32_t warp_sums[Shape<kThreads>::kWarps];
   PassTotals rank_totals[kMaxRanks];
   uint32_t bin, above, need;  // ThresholdBin's results
   uint32_t group, group_above;
-  uint32_t digit, digit_above;  // RefineInBin's
+  uint32_t digit, digit_above, digit_count;  // RefineInBin's
+  uint32_t member_digit, member_digit_above, digit_member_count;  // RankByDigit's
+  uint32_t word_slots;          // sorted output: winning members' words placed so far
   uint32_t lower_winners;       // winning members before this CTA's slice
   uint32_t chunk_total;         // the emit's current chunk
 };
@@ -131,11 +144,17 @@ struct RowOutput {
   unsigned long long* words;  // the cluster's first CTA's sort buffer (sorted)
   uint32_t begin;           // the slice's first position in the row
   bool positions, sorted;
-  __device__ __forceinline__ void Write(uint32_t slot, uint32_t pos, uint32_t key) const {
+  // The id of the key at `pos`, a multiple of 4: the quad's 4 keys share a page, so the quad's
+  // other ids follow it (one page lookup a quad, not a key).
+  __device__ __forceinline__ int32_t QuadId(uint32_t pos) const {
+    return positions ? static_cast<int32_t>(begin + pos) : pages[pos / kPageTokens] * kPageTokens + int32_t(pos % kPageTokens);
+  }
+  // Key i of the quad at `pos` (its id quad_id + i) into slot `slot`.
+  __device__ __forceinline__ void Write(uint32_t slot, int32_t quad_id, uint32_t pos, int i, uint32_t key) const {
     if (sorted) {
-      words[slot] = RankWord(key, begin + pos);
+      words[slot] = RankWord(key, begin + pos + i);
     } else {
-      out[slot] = positions ? static_cast<int32_t>(begin + pos) : pages[pos / kPageTokens] * kPageTokens + int32_t(pos % kPageTokens);
+      out[slot] = quad_id + i;
     }
   }
 };
@@ -244,7 +263,12 @@ __device__ __forceinline__ void Reset(Storage<kThreads>& s, int tid) {
   for (uint32_t i = 0; i < Shape<kThreads>::kBinsPerThread; ++i) s.hist[tid + i * kThreads] = 0;
 #pragma unroll 1
   for (uint32_t i = tid; i < kMemberCapacity; i += kThreads) s.member_rank[i] = 0;
-  if (tid == 0) s.totals = PassTotals{0u, 0u, 0u, UINT_MAX, 0u}, s.lower_winners = 0;
+#pragma unroll
+  for (uint32_t i = tid; i < kMemberDigits; i += kThreads) s.member_digits[i] = 0;
+  if (tid == 0) {
+    s.totals = PassTotals{0u, 0u, 0u, UINT_MAX, 0u};
+    s.lower_winners = 0, s.digit_member_count = 0, s.word_slots = 0;
+  }
 }
 
 // Counts one key (any candidate) into the histogram.
@@ -422,17 +446,18 @@ __device__ const uint2* UniteMembers(Storage<kThreads>& s, int ranks, uint32_t c
 // power of two, so no division).
 template <int kThreads, int kBarrier>
 __device__ void RankMembers(Storage<kThreads>& s, const uint2* list, uint32_t count, int tid) {
-  // log2 of the largest power of two S with S * count <= kThreads (count >= 1)
+  // log2 of the largest power of two S with S * count <= kThreads (count >= 1); 0 when the list
+  // is longer than the group, whose threads then take several members each.
   const int log_shares = max(0, (31 - __clz(kThreads)) - (32 - __clz(count - 1)));
-  const uint32_t i = static_cast<uint32_t>(tid) >> log_shares;
-  if (i < count) {
-    const uint32_t share = static_cast<uint32_t>(tid) & ((1u << log_shares) - 1u);
-    const uint32_t per = (count + (1u << log_shares) - 1u) >> log_shares;
+  const uint32_t share = static_cast<uint32_t>(tid) & ((1u << log_shares) - 1u);
+  const uint32_t per = (count + (1u << log_shares) - 1u) >> log_shares;
+  const uint32_t begin = share * per, end = min(count, (share + 1) * per);
+#pragma unroll 1
+  for (uint32_t i = static_cast<uint32_t>(tid) >> log_shares; i < count; i += kThreads >> log_shares) {
     const uint2 me = list[i];
-    const uint32_t end = min(count, (share + 1) * per);
     uint32_t before = 0;
 #pragma unroll 4
-    for (uint32_t j = share * per; j < end; ++j) {
+    for (uint32_t j = begin; j < end; ++j) {
       const uint2 o = list[j];
       before += o.x > me.x || (o.x == me.x && o.y < me.y);
     }
@@ -441,10 +466,72 @@ __device__ void RankMembers(Storage<kThreads>& s, const uint2* list, uint32_t co
   GroupSync<kThreads, kBarrier>();
 }
 
+// Which members win, without ranking them all: a histogram of a 256-way digit of their keys (the
+// top 8 of the bits where the bin's observed lo and hi differ) gives the digit D of the need-th;
+// members of a higher digit win, of a lower one lose, and only D's members (a few, on spread keys)
+// are ranked by all pairs among themselves. member_rank[j] becomes 0 for a winner and `need` for a
+// loser. Returns false, having changed no rank, when D holds more than kDigitMembers members (keys
+// bunched inside the bin): then every member is ranked (RankMembers). Ends with a barrier. The
+// members are the same list in every CTA of a cluster, so every CTA finds the same winners.
+template <int kThreads, int kBarrier>
+__device__ bool RankByDigit(Storage<kThreads>& s, const uint2* list, uint32_t count, uint32_t lo, uint32_t hi,
+                            uint32_t need, int tid) {
+  const int shift = max(0, (32 - __clz(hi - lo)) - 8);  // lo < hi: (hi - lo) >> shift < 256
+  auto digit = [&](uint32_t key) { return (key - lo) >> shift; };
+#pragma unroll 1
+  for (uint32_t j = tid; j < count; j += kThreads) atomicAdd(&s.member_digits[digit(list[j].x)], 1u);
+  GroupSync<kThreads, kBarrier>();
+  if (tid < 32) {  // the first warp: 8 digits a lane, from the top
+    constexpr uint32_t kPerLane = kMemberDigits / 32;
+    uint32_t c[kPerLane], sum = 0;
+#pragma unroll
+    for (uint32_t i = 0; i < kPerLane; ++i) c[i] = s.member_digits[kMemberDigits - 1 - (tid * kPerLane + i)], sum += c[i];
+    uint32_t above = WarpInclusiveSum(sum) - sum;
+#pragma unroll
+    for (uint32_t i = 0; i < kPerLane; ++i) {
+      if (above < need && above + c[i] >= need) {
+        s.member_digit = kMemberDigits - 1 - (tid * kPerLane + i), s.member_digit_above = above;
+      }
+      above += c[i];
+    }
+  }
+  GroupSync<kThreads, kBarrier>();
+  const uint32_t d = s.member_digit, need_in_d = need - s.member_digit_above;
+#pragma unroll 1
+  for (uint32_t j = tid; j < count; j += kThreads) {
+    if (digit(list[j].x) == d) {
+      const uint32_t k = atomicAdd(&s.digit_member_count, 1u);
+      if (k < kDigitMembers) s.digit_members[k] = static_cast<uint16_t>(j);
+    }
+  }
+  GroupSync<kThreads, kBarrier>();
+  const uint32_t in_d = s.digit_member_count;
+  if (in_d > kDigitMembers) return false;  // uniform
+#pragma unroll 1
+  for (uint32_t j = tid; j < count; j += kThreads) {
+    const uint32_t g = digit(list[j].x);
+    if (g != d) s.member_rank[j] = g > d ? 0u : need;
+  }
+#pragma unroll 1
+  for (uint32_t i = tid; i < in_d; i += kThreads) {
+    const uint2 me = list[s.digit_members[i]];
+    uint32_t before = 0;
+#pragma unroll 1
+    for (uint32_t k = 0; k < in_d; ++k) {
+      const uint2 o = list[s.digit_members[k]];
+      before += o.x > me.x || (o.x == me.x && o.y < me.y);
+    }
+    s.member_rank[s.digit_members[i]] = before < need_in_d ? 0u : need;
+  }
+  GroupSync<kThreads, kBarrier>();
+  return true;
+}
+
 // The winning members (rank < need) of this CTA's slice [begin, begin + count) become kWinMark in
 // place, and count in their (tile, warp) entry when the table holds the slice; the winners before
-// the slice go to lower_winners (zeroed by Reset). Sorted output instead: the cluster's first CTA writes every
-// winning member's word after the `greater` winners of the row. Ends with a barrier.
+// the slice go to lower_winners (zeroed by Reset). Sorted output instead: the cluster's first CTA
+// writes every winning member's word after the `greater` winners of the row (in any order: the
+// words are sorted next). Ends with a barrier.
 template <int kThreads, int kBarrier>
 __device__ void MarkWinners(Storage<kThreads>& s, const uint2* list, const SliceKeys& keys, uint32_t begin,
                             uint32_t count, uint32_t need, bool table, const RowOutput& o, uint32_t row_greater, int rank,
@@ -452,11 +539,10 @@ __device__ void MarkWinners(Storage<kThreads>& s, const uint2* list, const Slice
   constexpr uint32_t kTileKeys = Shape<kThreads>::kTileKeys;
 #pragma unroll 1
   for (uint32_t j = tid; j < count; j += kThreads) {
-    const uint32_t r = s.member_rank[j];
-    if (r >= need) continue;
+    if (s.member_rank[j] >= need) continue;
     const uint2 m = list[j];
     if (o.sorted) {
-      if (rank == 0) o.words[row_greater + r] = RankWord(m.x, m.y);
+      if (rank == 0) o.words[row_greater + atomicAdd(&s.word_slots, 1u)] = RankWord(m.x, m.y);
       continue;
     }
     if (m.y < begin) {
@@ -484,11 +570,16 @@ __device__ Cut RefineInBin(Storage<kThreads>& s, const SliceKeys& keys, uint32_t
   const int top = 31 - __clz(lo ^ hi);  // lo < hi
   int shift = max(0, top - 7);
   uint32_t prefix = shift + 8 >= 32 ? 0u : lo & ~((1u << (shift + 8)) - 1u);
+  constexpr uint32_t kPer = Shape<kThreads>::kDigitsPerThread;
   const uint32_t tiles = Tiles<kThreads>(keys);
+  const bool owner = static_cast<uint32_t>(tid) * kPer < 256;  // this thread holds digits
 #pragma unroll 1
   for (int pass = 0;; ++pass) {
     uint32_t* digits = s.hist + 256 * (pass & 1);
-    if (tid < 256) digits[tid] = 0;
+#pragma unroll
+    for (uint32_t i = 0; i < kPer; ++i) {
+      if (owner) digits[tid * kPer + i] = 0;
+    }
     GroupSync<kThreads, kBarrier>();
     const uint32_t mask = shift + 8 >= 32 ? 0u : ~((1u << (shift + 8)) - 1u);
     ForEachQuad<kThreads>(keys, 0, tiles, tid, [&](uint32_t, uint32_t, const uint4& q) {
@@ -499,19 +590,31 @@ __device__ Cut RefineInBin(Storage<kThreads>& s, const SliceKeys& keys, uint32_t
       }
     });
     if (ranks > 1) ClusterSync(); else GroupSync<kThreads, kBarrier>();
-    const uint32_t d = 255 - tid;  // thread t: the t-th digit from the top
-    uint32_t c = 0;
-    if (tid < 256) {
+    // Thread t: the digits t * kPer .. t * kPer + kPer - 1 counted from the top.
+    uint32_t c[kPer], sum = 0;
+#pragma unroll
+    for (uint32_t i = 0; i < kPer; ++i) {
+      const uint32_t d = 255 - (tid * kPer + i);
+      c[i] = 0;
+      if (owner) {
 #pragma unroll 1
-      for (int r = 0; r < ranks; ++r) c += ranks > 1 ? AtRank(digits, r)[d] : digits[d];
+        for (int r = 0; r < ranks; ++r) c[i] += ranks > 1 ? AtRank(digits, r)[d] : digits[d];
+      }
+      sum += c[i];
     }
     uint32_t total;
-    const uint32_t above = ExclusiveSum<kThreads, kBarrier>(s.warp_sums, tid < 256 ? c : 0u, total, tid);
-    if (tid < 256 && above < need && above + c >= need) s.digit = d, s.digit_above = above, s.group = c;
+    uint32_t above = ExclusiveSum<kThreads, kBarrier>(s.warp_sums, sum, total, tid);
+#pragma unroll
+    for (uint32_t i = 0; i < kPer; ++i) {
+      if (owner && above < need && above + c[i] >= need) {
+        s.digit = 255 - (tid * kPer + i), s.digit_above = above, s.digit_count = c[i];
+      }
+      above += c[i];
+    }
     GroupSync<kThreads, kBarrier>();
     prefix |= s.digit << shift;
     need -= s.digit_above;
-    const uint32_t copies = s.group;
+    const uint32_t copies = s.digit_count;
     GroupSync<kThreads, kBarrier>();
     if (shift == 0) return need == copies ? Cut{prefix - 1u, 0u, 0u, false} : Cut{prefix, prefix, need, false};
     shift = max(0, shift - 8);
@@ -583,20 +686,24 @@ __device__ void Emit(Storage<kThreads>& s, const SliceKeys& keys, const Cut& cut
           wins[i] = cut.Wins(quad[i]);
           slot += __popc(__ballot_sync(0xFFFFFFFFu, wins[i]) & below);
         }
+        if (wins[0] || wins[1] || wins[2] || wins[3]) {
+          const int32_t id = o.sorted ? 0 : o.QuadId(pos);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if (wins[i] && slot < topk) o.Write(slot, pos + i, quad[i]);
-          slot += wins[i];
+          for (int i = 0; i < 4; ++i) {
+            if (wins[i] && slot < topk) o.Write(slot, id, pos, i, quad[i]);
+            slot += wins[i];
+          }
         }
       } else {
         const uint32_t x = counts(q);
         const uint32_t before = entry + WarpInclusiveSum(x) - x;
         uint32_t greater = carry_g + (before >> 16), equal = carry_e + (before & 0xFFFFu);
+        const int32_t id = x != 0 && !o.sorted ? o.QuadId(pos) : 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const bool wins = cut.Wins(quad[i]), ties = cut.Ties(quad[i]);
           const uint32_t slot = wins ? greater + min(equal, cut.ties) : greater + equal;
-          if ((wins || (ties && equal < cut.ties)) && slot < topk) o.Write(slot, pos + i, quad[i]);
+          if ((wins || (ties && equal < cut.ties)) && slot < topk) o.Write(slot, id, pos, i, quad[i]);
           greater += wins;
           equal += ties;
         }
@@ -664,6 +771,8 @@ __device__ void FoldTable(Storage<kThreads>& s, uint32_t entries, int tid) {
 // The exact top-K of a query row from this CTA's slice of it (`ranks` CTAs, this one `rank`), once
 // the slice's histogram is built (Reset, CountKey, then a barrier; a cluster's bins not yet
 // published). `sort`: the cluster's first CTA's sort storage (sorted output; o.words points there).
+// Sorted output needs kBarrier 0 (the whole CTA runs the select); a group of a CTA (kBarrier > 0)
+// emits unsorted only.
 template <int kThreads, int kBarrier>
 __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, const SliceKeys& keys, const RowOutput& o,
                           uint32_t topk, int ranks, int rank, int tid) {
@@ -698,7 +807,9 @@ __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, con
     }
   } else if (row.listed <= kMemberCapacity) {  // rank the members, mark the winners
     const uint2* list = UniteMembers<kThreads, kBarrier>(s, ranks, row.listed, tid);
-    RankMembers<kThreads, kBarrier>(s, list, row.listed, tid);
+    if (!RankByDigit<kThreads, kBarrier>(s, list, row.listed, row.lo, row.hi, need, tid)) {
+      RankMembers<kThreads, kBarrier>(s, list, row.listed, tid);
+    }
     MarkWinners<kThreads, kBarrier>(s, list, keys, o.begin, row.listed, need, table, o, row.greater, rank, tid);
     cut = Cut{hi, 0u, 0u, !o.sorted};
     if (!o.sorted) lower_greater += s.lower_winners;
@@ -717,17 +828,19 @@ __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, con
     if (ranks > 1) ClusterWait();
     return;
   }
-  if (ranks > 1) ClusterSync(); else GroupSync<kThreads, kBarrier>();  // every winner's word is in place
-  if (rank != 0) return;
-  SortDescending<kThreads, kBarrier>(*sort, selected, tid);
+  if constexpr (kBarrier == 0) {  // cub's block sort synchronizes the whole CTA: sorted output runs on all of it
+    if (ranks > 1) ClusterSync(); else GroupSync<kThreads, kBarrier>();  // every winner's word is in place
+    if (rank != 0) return;
+    SortDescending<kThreads, kBarrier>(*sort, selected, tid);
 #pragma unroll 1
-  for (uint32_t i = tid; i < topk; i += kThreads) {
-    int32_t id = -1;
-    if (i < selected) {
-      const uint32_t t = RankWordPosition(sort->words[i]);
-      id = o.positions ? static_cast<int32_t>(t) : GlobalTokenId(o.row_table, t);
+    for (uint32_t i = tid; i < topk; i += kThreads) {
+      int32_t id = -1;
+      if (i < selected) {
+        const uint32_t t = RankWordPosition(sort->words[i]);
+        id = o.positions ? static_cast<int32_t>(t) : GlobalTokenId(o.row_table, t);
+      }
+      o.out[i] = id;
     }
-    o.out[i] = id;
   }
 }
 

@@ -1,7 +1,7 @@
 // FusedRowsKernel, the fused path for big batches of short rows (B >= kFusedMinSmShare x SMs, and
 // N x the table's width <= kFusedMaxRowKeys keys, which fit the CTA's shared memory: the
 // large-batch decode step): one CTA per row scores the whole row straight into shared memory and
-// selects it from there (sm90_slice_select.cuh: SelectSlice). Against the split path
+// selects it from there (sm90_bin_select.cuh, on the page ring's memory). Against the split path
 // (ScorePagesKernel scores everything into a workspace, then SelectRowsKernel selects) it saves a
 // launch, the workspace round trip through L2, and the wait for the whole scoring grid before any
 // select starts: a CTA whose row is done selects while the others still stream. With this many
@@ -13,7 +13,10 @@
 // take the split path.
 //
 // With N queries per row (docs/contract.md §7) the CTA scores each page for every query that sees
-// it, keeps N rows of keys and selects them one after the other.
+// it and keeps N rows of keys; the N selects then run side by side, each on its own group of
+// 512 / N threads (rounded down to a warpgroup) with a named barrier of its own, so that one
+// query's barrier waits and single-warp phases overlap the others' work. Sorted output selects the
+// queries one after the other on all 512 threads (the block sort synchronizes the whole CTA).
 //
 // Roles (512 threads = the select's thread count): four math warpgroups, each its own producer.
 // Page i of the row goes to warpgroup i % 4 and stage i % kFusedStages; the warpgroup's first
@@ -27,6 +30,7 @@
 #include <cstdint>
 
 #include "ffi_dsa/contract.h"
+#include "ffi_dsa/impls/sm90_bin_select.cuh"
 #include "ffi_dsa/impls/sm90_page_epilogue.cuh"
 #include "ffi_dsa/impls/sm90_ptx.cuh"
 #include "ffi_dsa/impls/sm90_rows.cuh"
@@ -39,8 +43,11 @@ namespace ffi_dsa::sm90 {
 struct FusedParams {
   const uint8_t* k_cache;
   const float* weights;   // [B * N, H]
-  uint32_t key_stride;    // keys of one query in shared memory: the table's width in tokens
+  uint32_t key_stride;    // keys of one query in shared memory: FusedKeyStride of the table's width
   SelectParams select;    // keys and staged_capacity unused: the row's keys never leave shared memory
+  bool pass_select;       // launch/tuning.h bin_select off: the four-pass select (sm90_slice_select.cuh)
+  // launch/tuning.h stamp_fused_tail: per CTA, kTailStampWords words (FusedTailStamps), or null.
+  unsigned long long* tail_stamps;
 };
 
 constexpr int kFusedThreads = kSelectThreads;
@@ -49,9 +56,29 @@ static_assert(kFusedThreads == kMathWarpgroups * kWarpgroupThreads, "every threa
 constexpr int kFusedStages = 2 * kMathWarpgroups;
 // Most keys a CTA scores and stages, over its row's N queries (64 KB).
 constexpr uint32_t kFusedMaxRowKeys = 16384;
-static_assert(kFusedMaxRowKeys / kPageTokens <= kMaxStagedPages, "the row's page ids in SelectSmem");
+constexpr int kFusedMaxRowPages = kFusedMaxRowKeys / kPageTokens;
+static_assert(kFusedMaxRowPages <= kMaxStagedPages, "the four-pass select's page table");
 // Head weights held in registers (RowWeights): 512 threads may use 128 registers each.
 constexpr int kFusedHeldWeights = 128;
+
+// The side-by-side selects: a group of threads per query (N = 3 leaves the fourth group idle).
+template <int kQueries>
+constexpr int kFusedSelectGroups = kQueries == 1 ? 1 : (kQueries == 2 ? 2 : 4);
+template <int kQueries>
+constexpr int kFusedGroupThreads = kFusedThreads / kFusedSelectGroups<kQueries>;
+static_assert(kMaxQueries <= 4 && kFusedThreads / 4 == kWarpgroupThreads, "a group is at least a warpgroup");
+
+// A query's keys in shared memory start on a whole tile of the widest select group: the select
+// reads whole tiles, and a query's last tile must not reach into the next query's keys.
+constexpr uint32_t kFusedKeyAlign = topk::Shape<kFusedThreads>::kTileKeys;
+__host__ __device__ constexpr uint32_t FusedKeyStride(uint32_t table_tokens) {
+  return (table_tokens + kFusedKeyAlign - 1) / kFusedKeyAlign * kFusedKeyAlign;
+}
+
+// The tail stamps of a CTA: the %globaltimer when its last page's keys are in shared memory and
+// when its last id is written, and the SM cycles between the two (kernel_timeline.py reads them).
+constexpr int kTailStampWords = 4;
+constexpr int kMaxTailStampCtas = 4096;
 
 template <int kHeads, int kQueries>
 struct alignas(1024) FusedRing {
@@ -62,39 +89,179 @@ struct alignas(1024) FusedRing {
   uint64_t empty[kFusedStages];
   uint64_t q_full;
 };
+// The select's storage, on the page ring's memory once the last page is scored.
+template <int kQueries>
+union FusedSelect {
+  struct {
+    topk::Storage<kFusedThreads> storage;
+    topk::SortStorage<kFusedThreads> sort;
+  } serial;  // one query at a time on every thread (N = 1, or sorted output)
+  topk::Storage<kFusedGroupThreads<kQueries>> groups[kFusedSelectGroups<kQueries>];  // side by side
+  SelectSmem pass;  // the four-pass select (FusedParams::pass_select)
+};
 template <int kHeads, int kQueries>
 struct FusedSmem {
-  FusedRing<kHeads, kQueries> ring;
-  SelectSmem select;
+  union {
+    FusedRing<kHeads, kQueries> ring;
+    FusedSelect<kQueries> select;
+  };
+  int32_t row_pages[kFusedMaxRowPages];  // the row's page ids (-1: invalid)
+  uint32_t page_offsets[32];             // WriteWholeRow
+  uint32_t whole_row_count;
 };
-// Dynamic shared memory: FusedSmem, then kQueries x key_stride keys.
+// Dynamic shared memory: FusedSmem, then kQueries x FusedKeyStride(table tokens) keys.
 template <int kHeads, int kQueries>
 __host__ __device__ constexpr size_t FusedKeysOffset() { return (sizeof(FusedSmem<kHeads, kQueries>) + 127) / 128 * 128; }
 template <int kHeads, int kQueries>
-__host__ __device__ constexpr size_t FusedSmemBytes(uint32_t key_stride) {
-  return 1024 /* alignment slack */ + FusedKeysOffset<kHeads, kQueries>() + size_t(kQueries) * key_stride * sizeof(uint32_t);
+__host__ __device__ constexpr size_t FusedSmemBytes(uint32_t table_tokens) {
+  return 1024 /* alignment slack */ + FusedKeysOffset<kHeads, kQueries>() +
+         size_t(kQueries) * FusedKeyStride(table_tokens) * sizeof(uint32_t);
 }
 
 // The rows of at most K tokens in position order among the row's queries: written without scores,
 // after every select (WriteWholeRow overwrites the shared page ids the selects read).
-template <int kQueries>
-__device__ __forceinline__ void WriteUnscoredQueries(const SelectParams& p, int64_t row, const int32_t (&length)[kQueries],
-                                                     SelectSmem& smem) {
-#pragma unroll
+template <int kHeads, int kQueries>
+__device__ __forceinline__ void WriteUnscoredQueries(const SelectParams& p, int64_t row, FusedSmem<kHeads, kQueries>& smem) {
+#pragma unroll 1
   for (int j = 0; j < kQueries; ++j) {
-    if (!ScoresNeeded(length[j], p.topk, p.sorted)) {
+    const int32_t n = QueryLength(p.seq_lens, row, j, p.qs, p.max_pages);
+    if (!ScoresNeeded(n, p.topk, p.sorted)) {
       __syncthreads();  // the previous writer's reads of the shared page table are done
-      WriteWholeRow<kFusedThreads>(p, row * kQueries + j, row, length[j], smem.slice_pages, smem.select.chunk_offsets,
-                                   smem.select.result_count, threadIdx.x);
+      WriteWholeRow<kFusedThreads>(p, row * kQueries + j, row, n, smem.row_pages, smem.page_offsets,
+                                   smem.whole_row_count, threadIdx.x);
     }
   }
+}
+
+// One query's select on a group of kThreads threads (thread `tid` of the group, barrier kBarrier):
+// its keys in shared memory, written by the page loop up to the length rounded up to a quad
+// (kNotCandidate past the length), are padded with kNotCandidate to whole tiles, counted into the
+// histogram, and selected. Sorted output needs kBarrier 0 and `sort` (topk::SelectRow).
+template <int kThreads, int kBarrier>
+__device__ __forceinline__ void SelectQuery(topk::Storage<kThreads>& s, topk::SortStorage<kThreads>* sort,
+                                            uint32_t* keys, int32_t length, const topk::RowOutput& o, uint32_t topk,
+                                            int tid) {
+  const topk::SliceKeys slice{keys, nullptr, static_cast<uint32_t>(length)};
+  const uint32_t tiles = topk::Tiles<kThreads>(slice);
+  const uint32_t written = (static_cast<uint32_t>(length) + 3) / 4 * 4;
+  topk::Reset(s, tid);
+#pragma unroll 1
+  for (uint32_t i = written + tid; i < tiles * topk::Shape<kThreads>::kTileKeys; i += kThreads) {
+    keys[i] = kNotCandidate;
+  }
+  topk::GroupSync<kThreads, kBarrier>();  // the reset, the pad
+  topk::ForEachQuad<kThreads>(slice, 0, tiles, tid, [&](uint32_t, uint32_t, const uint4& q) {
+    topk::CountKey(s, q.x);
+    topk::CountKey(s, q.y);
+    topk::CountKey(s, q.z);
+    topk::CountKey(s, q.w);
+  });
+  topk::GroupSync<kThreads, kBarrier>();  // the histogram
+  topk::SelectRow<kThreads, kBarrier>(s, sort, slice, o, topk, /*ranks=*/1, /*rank=*/0, tid);
+}
+
+// The row's selects after its last page: every query that needs scores, from row_keys (query j at
+// j x key_stride). The queries' lengths are read again (from L2) rather than kept through the page
+// loop, whose registers are all taken. Ends with a barrier.
+template <int kHeads, int kQueries>
+__device__ __forceinline__ void SelectRowQueries(const FusedParams& fp, FusedSmem<kHeads, kQueries>& smem,
+                                                 uint32_t* row_keys, int64_t row) {
+  const SelectParams& p = fp.select;
+  const int tid = threadIdx.x;
+  auto length = [&](int j) { return QueryLength(p.seq_lens, row, j, p.qs, p.max_pages); };
+  const uint32_t topk = static_cast<uint32_t>(p.topk);
+  auto output = [&](int j, unsigned long long* words) {
+    topk::RowOutput o;
+    o.out = p.topk_indices + (row * kQueries + j) * p.topk;
+    o.pages = smem.row_pages;
+    o.row_table = p.block_table + row * p.max_pages;
+    o.words = words;
+    o.begin = 0;
+    o.positions = p.positions;
+    o.sorted = p.sorted;
+    return o;
+  };
+  FusedSelect<kQueries>& sel = smem.select;
+  if (kQueries == 1 || p.sorted) {
+    bool first = true;
+#pragma unroll 1
+    for (int j = 0; j < kQueries; ++j) {
+      const int32_t n = length(j);
+      if (!ScoresNeeded(n, p.topk, p.sorted)) continue;
+      if (!first) __syncthreads();  // the previous select's reads of the storage are done
+      first = false;
+      SelectQuery<kFusedThreads, 0>(sel.serial.storage, &sel.serial.sort, row_keys + j * fp.key_stride, n,
+                                    output(j, sel.serial.sort.words), topk, tid);
+    }
+  } else {
+    constexpr int kGroupThreads = kFusedGroupThreads<kQueries>;
+    const int group = tid / kGroupThreads;
+    ForEachGroup<kFusedSelectGroups<kQueries>>([&](auto g) {
+      constexpr int j = decltype(g)::value;
+      if constexpr (j < kQueries) {
+        if (group == j) {
+          const int32_t n = length(j);
+          if (ScoresNeeded(n, p.topk, p.sorted)) {
+            SelectQuery<kGroupThreads, 1 + j>(sel.groups[j], nullptr, row_keys + j * fp.key_stride, n,
+                                              output(j, nullptr), topk, tid % kGroupThreads);
+          }
+        }
+      }
+    });
+  }
+  __syncthreads();
+}
+
+// The same with the four-pass select, one query after the other (FusedParams::pass_select).
+template <int kHeads, int kQueries>
+__device__ __forceinline__ void PassSelectRowQueries(const FusedParams& fp, FusedSmem<kHeads, kQueries>& smem,
+                                                     uint32_t* row_keys, int64_t row) {
+  const SelectParams& p = fp.select;
+  int32_t length[kQueries];
+#pragma unroll
+  for (int j = 0; j < kQueries; ++j) length[j] = QueryLength(p.seq_lens, row, j, p.qs, p.max_pages);
+  bool first_select = true;
+#pragma unroll
+  for (int j = 0; j < kQueries; ++j) {
+    if (!ScoresNeeded(length[j], p.topk, p.sorted)) continue;
+    if (!first_select) __syncthreads();  // the previous select's reads of the shared state are done
+    first_select = false;
+    ResetClusterSelect(smem.select.pass.select);
+    const KeySpan keys{row_keys + j * fp.key_stride, nullptr, static_cast<uint32_t>(length[j])};
+    // This thread's share of the query's stats: one pass over its keys in shared memory.
+    SliceStats query_stats = EmptyStats();
+    if (ThresholdNeeded(length[j], p.topk)) ForEachKey(keys, [&](uint32_t key) { AddKey(query_stats, key); });
+    SelectSlice(p, smem.select.pass, row * kQueries + j, row, length[j], /*begin=*/0, keys, query_stats,
+                smem.row_pages, /*landed=*/nullptr, /*cluster_size=*/1, /*cluster_rank=*/0);
+  }
+  __syncthreads();
+}
+
+extern __shared__ uint8_t fused_smem_raw[];
+
+// Everything after the last page: the selects and the rows that need no scores. Not inlined: the
+// page loop uses every register the launch allows, and the select's code inlined beside it made
+// ptxas spill inside the loop; this way nothing of the tail is live there. The shared memory is
+// found from the kernel's own symbol (shared-memory accesses, not generic ones) and the parameters
+// are read in place (__grid_constant__).
+template <int kHeads, int kQueries>
+__device__ __noinline__ void FusedTail(const FusedParams& fp) {
+  uint8_t* base = AlignedSmem<1024>(fused_smem_raw);
+  FusedSmem<kHeads, kQueries>& smem = *reinterpret_cast<FusedSmem<kHeads, kQueries>*>(base);
+  uint32_t* row_keys = reinterpret_cast<uint32_t*>(base + FusedKeysOffset<kHeads, kQueries>());
+  const int64_t row = blockIdx.x;
+  if (fp.pass_select) {
+    PassSelectRowQueries(fp, smem, row_keys, row);
+  } else {
+    SelectRowQueries(fp, smem, row_keys, row);
+  }
+  WriteUnscoredQueries(fp.select, row, smem);
 }
 
 template <int kHeads, int kQueries>
 __global__ void __launch_bounds__(kFusedThreads, 1)
     FusedRowsKernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap q_map,
-                    const FusedParams fp) {
-  extern __shared__ uint8_t fused_smem_raw[];
+                    const __grid_constant__ FusedParams fp) {
   uint8_t* base = AlignedSmem<1024>(fused_smem_raw);
   FusedSmem<kHeads, kQueries>& smem = *reinterpret_cast<FusedSmem<kHeads, kQueries>*>(base);
   FusedRing<kHeads, kQueries>& ring = smem.ring;
@@ -124,11 +291,11 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     pages = max(pages, (written[j] + kPageTokens - 1) / kPageTokens);  // <= key_stride / 64 (host: table width)
   }
   if (scored == 0) {
-    WriteUnscoredQueries(p, row, length, smem.select);
+    WriteUnscoredQueries(p, row, smem);
     return;
   }
   const int32_t* table = p.block_table + row * p.max_pages;
-  int32_t* row_pages = smem.select.slice_pages;
+  int32_t* row_pages = smem.row_pages;
   // The warp's index and the page count read through a shuffle: ptxas then knows they are
   // warp-uniform, and keeps the page loop's counter, stage, phase, barrier addresses and
   // descriptors in uniform registers (sm90_score_pages.cuh). The shuffles change no value.
@@ -248,24 +415,27 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     score_page(i, wg, phase);
     if (i + kMathWarpgroups < row_pages_count) score_page(i + kMathWarpgroups, wg + kMathWarpgroups, phase);
   }
-  __syncthreads();  // the row's keys are in shared memory
-
-  bool first_select = true;
-#pragma unroll
-  for (int j = 0; j < kQueries; ++j) {
-    if (!((scored >> j) & 1)) continue;
-    if (!first_select) __syncthreads();  // the previous select's reads of the shared state are done
-    first_select = false;
-    ResetClusterSelect(smem.select.select);
-    const KeySpan keys{row_keys + j * fp.key_stride, nullptr, static_cast<uint32_t>(length[j])};
-    // This thread's share of the query's stats: one pass over its keys in shared memory (cheaper
-    // than a summary kept per key in the issue-bound page loop).
-    SliceStats query_stats = EmptyStats();
-    if (ThresholdNeeded(length[j], p.topk)) ForEachKey(keys, [&](uint32_t key) { AddKey(query_stats, key); });
-    SelectSlice(p, smem.select, row * queries + j, row, length[j], /*begin=*/0, keys, query_stats, row_pages,
-                /*landed=*/nullptr, /*cluster_size=*/1, /*cluster_rank=*/0);
+  __syncthreads();  // the row's keys are in shared memory, the ring is idle
+  uint64_t scored_ns = 0, scored_cycles = 0;
+  if (fp.tail_stamps != nullptr && tid == 0) scored_ns = GlobalTimerNs(), scored_cycles = clock64();
+  // The select's storage takes the ring's memory: its mbarriers are retired first.
+  if (tid < kFusedStages) {
+    MbarInval(&ring.full[tid]);
+    MbarInval(&ring.empty[tid]);
   }
-  WriteUnscoredQueries(p, row, length, smem.select);
+  if (tid == 0) MbarInval(&ring.q_full);
+  __syncthreads();
+  FusedTail<kHeads, kQueries>(fp);
+  if (fp.tail_stamps != nullptr) {
+    __syncthreads();  // every id of the row is written
+    if (tid == 0 && row < kMaxTailStampCtas) {
+      unsigned long long* stamp = fp.tail_stamps + row * kTailStampWords;
+      stamp[0] = scored_ns;
+      stamp[1] = GlobalTimerNs();
+      stamp[2] = clock64() - scored_cycles;
+      stamp[3] = 1;  // written by this call
+    }
+  }
 }
 
 }  // namespace ffi_dsa::sm90

@@ -58,6 +58,10 @@ __device__ __forceinline__ uint8_t* AlignedSmem(uint8_t* raw) {
 __device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count));
 }
+// Before an mbarrier's memory is put to another use (the PTX rule for repurposing it).
+__device__ __forceinline__ void MbarInval(uint64_t* bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(SmemAddr(bar)) : "memory");
+}
 __device__ __forceinline__ void FenceBarrierInit() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
@@ -151,6 +155,15 @@ __device__ __forceinline__ bool NamedBarrierAny(int id, int threads, bool pred) 
       : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(threads)
       : "memory");
   return any != 0u;
+}
+
+// ---- time stamps (a benchmark's instrument) ------------------------------------------------
+// Nanoseconds of the GPU's global timer (the same clock on every SM, coarsely updated) and this
+// SM's cycle counter (exact, but per SM).
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
 
 // ---- programmatic dependent launch ----------------------------------------------------------

@@ -118,9 +118,9 @@ __device__ void WriteWholeRow(const SelectParams& p, int64_t query_row, int64_t 
 
 // Copies this thread's quads of the slice from L2 into `staged` (null: not staged) and counts them
 // into the histogram. Keys past the slice's end (to whole tiles) are staged as kNotCandidate.
-__device__ __forceinline__ void StageAndCount(topk::Storage<kSelectRowsThreads>& s, const uint32_t* global, uint32_t m,
+__device__ __forceinline__ void StageAndCount(topk::Storage<kSelectRowsThreads>& s, uint32_t* global, uint32_t m,
                                               uint32_t* staged, int tid) {
-  const topk::SliceKeys from{nullptr, const_cast<uint32_t*>(global), m};
+  const topk::SliceKeys from{nullptr, global, m};
   topk::ForEachQuad<kSelectRowsThreads>(from, 0, topk::Tiles<kSelectRowsThreads>(from), tid,
                                         [&](uint32_t, uint32_t pos, const uint4& q) {
     if (staged != nullptr) *reinterpret_cast<uint4*>(staged + pos) = q;

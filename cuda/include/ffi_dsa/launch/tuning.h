@@ -20,14 +20,19 @@ struct Tuning {
   // The largest select cluster SelectRowsKernel may use (1, 2, 4, 8 or 16): lets any Hopper GPU run
   // the smaller clusters a part with fewer SMs per GPC would get.
   int max_select_cluster = kMaxSelectCluster;
-  // The split path selects with the bin select (SelectRowsKernel, sm90_bin_select.cuh); off, with
-  // the four-pass select it replaced (PassSelectRowsKernel, sm90_slice_select.cuh), kept for A/B
-  // timing and byte diffs until the fused kernel's tail moves to the bin select too. The same bytes.
+  // Both paths select with the bin select (sm90_bin_select.cuh: SelectRowsKernel, and
+  // FusedRowsKernel's tail); off, with the four-pass select it replaced (sm90_slice_select.cuh:
+  // PassSelectRowsKernel, and the same tail one query after the other), kept for A/B timing and byte
+  // diffs. The same bytes.
   bool bin_select = true;
   // A measuring instrument, not a path: SelectRowsKernel stops once its keys are staged and binned
   // and writes no output, so a benchmark can time the split path's floor (the kernel boundary, the
   // staging) apart from the select's work. Every other knob gives the same bytes; this one gives none.
   bool select_floor = false;
+  // A measuring instrument that changes no output: each FusedRowsKernel CTA stamps the global timer
+  // when its last page's keys are in shared memory and when its last id is written, into a buffer
+  // of the module's (sm90_tail_stamps.h), so a benchmark can time the fused path's select tail.
+  bool stamp_fused_tail = false;
 };
 
 inline bool ValidSelectClusterCap(int cap) { return cap == 1 || cap == 2 || cap == 4 || cap == 8 || cap == 16; }
@@ -38,6 +43,7 @@ inline std::atomic<bool> programmatic_launch{true};
 inline std::atomic<int> max_select_cluster{kMaxSelectCluster};
 inline std::atomic<bool> bin_select{true};
 inline std::atomic<bool> select_floor{false};
+inline std::atomic<bool> stamp_fused_tail{false};
 }  // namespace tuning_detail
 
 inline Tuning CurrentTuning() {
@@ -47,6 +53,7 @@ inline Tuning CurrentTuning() {
   t.max_select_cluster = tuning_detail::max_select_cluster.load(std::memory_order_relaxed);
   t.bin_select = tuning_detail::bin_select.load(std::memory_order_relaxed);
   t.select_floor = tuning_detail::select_floor.load(std::memory_order_relaxed);
+  t.stamp_fused_tail = tuning_detail::stamp_fused_tail.load(std::memory_order_relaxed);
   return t;
 }
 
@@ -57,6 +64,7 @@ inline void SetTuning(const Tuning& t) {
   tuning_detail::max_select_cluster.store(t.max_select_cluster, std::memory_order_relaxed);
   tuning_detail::bin_select.store(t.bin_select, std::memory_order_relaxed);
   tuning_detail::select_floor.store(t.select_floor, std::memory_order_relaxed);
+  tuning_detail::stamp_fused_tail.store(t.stamp_fused_tail, std::memory_order_relaxed);
 }
 
 // The device's select-cluster occupancy with the sizes above the cap taken away.
