@@ -33,6 +33,7 @@ import tempfile
 import torch
 
 import ffi_dsa  # noqa: E402
+from ffi_dsa.cuda_options import fused_tail_stamps, set_cuda_options, using_cuda_options  # noqa: E402
 from bench_gpu import Clock, _clock_hz, capture_graphs, rotating_sets, workloads  # noqa: E402
 
 MB = 1 << 20
@@ -75,8 +76,6 @@ def kernel_records(fns) -> list[dict]:
 def fused_tail(graphs, rows: int, replays: int) -> tuple[float, float]:
     """The fused path's tail in µs from the kernel's stamps: the median over `replays` calls of the
     call's last write after its last page, and of the median row's own tail (SM cycles)."""
-    from ffi_dsa.cuda_options import fused_tail_stamps
-
     device = torch.cuda.current_device()
     hz = _clock_hz()
     call_tails, row_tails = [], []
@@ -106,8 +105,6 @@ def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, q
     ks = kernel_records(fns)
     fused = [e["dur"] for e in ks if "Fused" in e["name"]]
     if fused:
-        from ffi_dsa.cuda_options import fused_tail_stamps, using_cuda_options
-
         rows = len(spec["lens"])
         fused_tail_stamps(torch.cuda.current_device(), rows)  # the stamp buffer exists before any capture
         with using_cuda_options(stamp_fused_tail=True):  # a stamped graph stamps on every replay
@@ -145,8 +142,6 @@ def main(argv=None) -> int:
     clock = Clock("cuda")
     print(f"one tiny kernel in a graph, event-bracketed: {tiny_graph_us(clock, 200):.2f} us", flush=True)
     specs = workloads()
-    from ffi_dsa.cuda_options import set_cuda_options, using_cuda_options
-
     set_cuda_options(bin_select=not a.pass_select, stamp_fused_tail=False)
     n = (f" N={a.queries}" if a.queries else "") + (" passes" if a.pass_select else " bins")
     for name in a.workloads.split(","):

@@ -99,20 +99,16 @@ const DeviceFacts& DecodeDeviceFacts(int device) {
   });
 }
 
-struct TailStampBuffer {
-  unsigned long long* data = nullptr;
-};
-
 }  // namespace
 
 unsigned long long* FusedTailStampBuffer(int device) {
-  return OncePerDevice<TailStampBuffer>(device, [](int) {
-           TailStampBuffer b;
-           const size_t bytes = size_t(kMaxTailStampCtas) * kTailStampWords * sizeof(unsigned long long);
-           TVM_FFI_CHECK_CUDA_ERROR(cudaMalloc(&b.data, bytes));
-           TVM_FFI_CHECK_CUDA_ERROR(cudaMemset(b.data, 0, bytes));
-           return b;
-         }).data;
+  return OncePerDevice<unsigned long long*>(device, [](int) {
+    unsigned long long* buffer = nullptr;
+    const size_t bytes = size_t(kMaxTailStampCtas) * kTailStampWords * sizeof(unsigned long long);
+    TVM_FFI_CHECK_CUDA_ERROR(cudaMalloc(&buffer, bytes));
+    TVM_FFI_CHECK_CUDA_ERROR(cudaMemset(buffer, 0, bytes));
+    return buffer;
+  });
 }
 
 std::vector<int64_t> ReadFusedTailStamps(int device, int64_t rows, bool clear) {
@@ -123,13 +119,14 @@ std::vector<int64_t> ReadFusedTailStamps(int device, int64_t rows, bool clear) {
   TVM_FFI_CHECK_CUDA_ERROR(cudaGetDevice(&current));
   TVM_FFI_CHECK_CUDA_ERROR(cudaSetDevice(device));
   unsigned long long* buffer = FusedTailStampBuffer(device);
-  std::vector<unsigned long long> words(static_cast<size_t>(rows) * kTailStampWords);
-  const size_t bytes = words.size() * sizeof(unsigned long long);
+  // Read as int64: every stamp (ns since the timer's epoch, cycles, 0 or 1) is below 2^63.
+  std::vector<int64_t> words(static_cast<size_t>(rows) * kTailStampWords);
+  const size_t bytes = words.size() * sizeof(int64_t);
   TVM_FFI_CHECK_CUDA_ERROR(cudaDeviceSynchronize());
   TVM_FFI_CHECK_CUDA_ERROR(cudaMemcpy(words.data(), buffer, bytes, cudaMemcpyDeviceToHost));
   if (clear) TVM_FFI_CHECK_CUDA_ERROR(cudaMemset(buffer, 0, bytes));
   TVM_FFI_CHECK_CUDA_ERROR(cudaSetDevice(current));
-  return std::vector<int64_t>(words.begin(), words.end());
+  return words;
 }
 
 void TopkIndexer(const IndexerArgs& a, cudaStream_t stream, const DecodeOptions& options) {

@@ -276,6 +276,13 @@ template <int kThreads>
 __device__ __forceinline__ void CountKey(Storage<kThreads>& s, uint32_t key) {
   if (key != kNotCandidate) atomicAdd(&s.hist[SelectBin(key)], 1u);
 }
+template <int kThreads>
+__device__ __forceinline__ void CountQuad(Storage<kThreads>& s, const uint4& q) {
+  CountKey(s, q.x);
+  CountKey(s, q.y);
+  CountKey(s, q.z);
+  CountKey(s, q.w);
+}
 
 // ---- 1. the threshold bin -----------------------------------------------------------------------
 

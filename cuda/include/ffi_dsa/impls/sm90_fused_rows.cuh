@@ -46,7 +46,7 @@ struct FusedParams {
   uint32_t key_stride;    // keys of one query in shared memory: FusedKeyStride of the table's width
   SelectParams select;    // keys and staged_capacity unused: the row's keys never leave shared memory
   bool pass_select;       // launch/tuning.h bin_select off: the four-pass select (sm90_slice_select.cuh)
-  // launch/tuning.h stamp_fused_tail: per CTA, kTailStampWords words (FusedTailStamps), or null.
+  // launch/tuning.h stamp_fused_tail: per CTA, kTailStampWords words (launch/sm90_tail_stamps.h), or null.
   unsigned long long* tail_stamps;
 };
 
@@ -150,12 +150,7 @@ __device__ __forceinline__ void SelectQuery(topk::Storage<kThreads>& s, topk::So
     keys[i] = kNotCandidate;
   }
   topk::GroupSync<kThreads, kBarrier>();  // the reset, the pad
-  topk::ForEachQuad<kThreads>(slice, 0, tiles, tid, [&](uint32_t, uint32_t, const uint4& q) {
-    topk::CountKey(s, q.x);
-    topk::CountKey(s, q.y);
-    topk::CountKey(s, q.z);
-    topk::CountKey(s, q.w);
-  });
+  topk::ForEachQuad<kThreads>(slice, 0, tiles, tid, [&](uint32_t, uint32_t, const uint4& q) { topk::CountQuad(s, q); });
   topk::GroupSync<kThreads, kBarrier>();  // the histogram
   topk::SelectRow<kThreads, kBarrier>(s, sort, slice, o, topk, /*ranks=*/1, /*rank=*/0, tid);
 }

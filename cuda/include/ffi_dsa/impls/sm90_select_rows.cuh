@@ -124,10 +124,7 @@ __device__ __forceinline__ void StageAndCount(topk::Storage<kSelectRowsThreads>&
   topk::ForEachQuad<kSelectRowsThreads>(from, 0, topk::Tiles<kSelectRowsThreads>(from), tid,
                                         [&](uint32_t, uint32_t pos, const uint4& q) {
     if (staged != nullptr) *reinterpret_cast<uint4*>(staged + pos) = q;
-    topk::CountKey(s, q.x);
-    topk::CountKey(s, q.y);
-    topk::CountKey(s, q.z);
-    topk::CountKey(s, q.w);
+    topk::CountQuad(s, q);
   });
 }
 
