@@ -106,6 +106,9 @@ struct FusedSmem {
     FusedSelect<kQueries> select;
   };
   int32_t row_pages[kFusedMaxRowPages];  // the row's page ids (-1: invalid)
+  // The queries' lengths, for the tail: a read of seq_lens there would put an L2 round trip before
+  // the first select and another before the unscored rows, on the row's critical path.
+  int32_t query_lengths[kMaxQueries];
   uint32_t page_offsets[32];             // WriteWholeRow
   uint32_t whole_row_count;
 };
@@ -119,12 +122,14 @@ __host__ __device__ constexpr size_t FusedSmemBytes(uint32_t table_tokens) {
 }
 
 // The rows of at most K tokens in position order among the row's queries: written without scores,
-// after every select (WriteWholeRow overwrites the shared page ids the selects read).
-template <int kHeads, int kQueries>
-__device__ __forceinline__ void WriteUnscoredQueries(const SelectParams& p, int64_t row, FusedSmem<kHeads, kQueries>& smem) {
+// after every select (WriteWholeRow overwrites the shared page ids the selects read). `length(j)`:
+// query j's length.
+template <int kHeads, int kQueries, typename Length>
+__device__ __forceinline__ void WriteUnscoredQueries(const SelectParams& p, int64_t row, FusedSmem<kHeads, kQueries>& smem,
+                                                     Length&& length) {
 #pragma unroll 1
   for (int j = 0; j < kQueries; ++j) {
-    const int32_t n = QueryLength(p.seq_lens, row, j, p.qs, p.max_pages);
+    const int32_t n = length(j);
     if (!ScoresNeeded(n, p.topk, p.sorted)) {
       __syncthreads();  // the previous writer's reads of the shared page table are done
       WriteWholeRow<kFusedThreads>(p, row * kQueries + j, row, n, smem.row_pages, smem.page_offsets,
@@ -156,14 +161,14 @@ __device__ __forceinline__ void SelectQuery(topk::Storage<kThreads>& s, topk::So
 }
 
 // The row's selects after its last page: every query that needs scores, from row_keys (query j at
-// j x key_stride). The queries' lengths are read again (from L2) rather than kept through the page
-// loop, whose registers are all taken. Ends with a barrier.
+// j x key_stride). The queries' lengths come from shared memory (the page loop's registers are all
+// taken). Ends with a barrier.
 template <int kHeads, int kQueries>
 __device__ __forceinline__ void SelectRowQueries(const FusedParams& fp, FusedSmem<kHeads, kQueries>& smem,
                                                  uint32_t* row_keys, int64_t row) {
   const SelectParams& p = fp.select;
   const int tid = threadIdx.x;
-  auto length = [&](int j) { return QueryLength(p.seq_lens, row, j, p.qs, p.max_pages); };
+  auto length = [&](int j) { return smem.query_lengths[j]; };
   const uint32_t topk = static_cast<uint32_t>(p.topk);
   auto output = [&](int j, unsigned long long* words) {
     topk::RowOutput o;
@@ -214,7 +219,7 @@ __device__ __forceinline__ void PassSelectRowQueries(const FusedParams& fp, Fuse
   const SelectParams& p = fp.select;
   int32_t length[kQueries];
 #pragma unroll
-  for (int j = 0; j < kQueries; ++j) length[j] = QueryLength(p.seq_lens, row, j, p.qs, p.max_pages);
+  for (int j = 0; j < kQueries; ++j) length[j] = smem.query_lengths[j];
   bool first_select = true;
 #pragma unroll
   for (int j = 0; j < kQueries; ++j) {
@@ -250,7 +255,7 @@ __device__ __noinline__ void FusedTail(const FusedParams& fp) {
   } else {
     SelectRowQueries(fp, smem, row_keys, row);
   }
-  WriteUnscoredQueries(fp.select, row, smem);
+  WriteUnscoredQueries(fp.select, row, smem, [&](int j) { return smem.query_lengths[j]; });
 }
 
 template <int kHeads, int kQueries>
@@ -286,7 +291,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     pages = max(pages, (written[j] + kPageTokens - 1) / kPageTokens);  // <= key_stride / 64 (host: table width)
   }
   if (scored == 0) {
-    WriteUnscoredQueries(p, row, smem);
+    WriteUnscoredQueries(p, row, smem, [&](int j) { return QueryLength(p.seq_lens, row, j, p.qs, p.max_pages); });
     return;
   }
   const int32_t* table = p.block_table + row * p.max_pages;
@@ -299,6 +304,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   const uint32_t row_pages_count = WarpUniform(static_cast<uint32_t>(pages));
   const bool issuer = tid % kWarpgroupThreads == 0;
   if (tid == 0) {
+#pragma unroll
+    for (int j = 0; j < kQueries; ++j) smem.query_lengths[j] = length[j];
     for (int st = 0; st < kFusedStages; ++st) {
       MbarInit(&ring.full[st], 1);
       MbarInit(&ring.empty[st], kWarpgroupThreads);
@@ -315,7 +322,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     const int32_t page = table[i];
     row_pages[i] = page >= 0 && page < p.num_pages ? page : -1;  // -1: not a page, its tokens are not candidates
   }
-  __syncthreads();  // barrier init, row_pages, the select's reset
+  __syncthreads();  // barrier init, row_pages, query_lengths
 
   auto issue = [&](int i) {
     const int st = i % kFusedStages;
