@@ -1,7 +1,7 @@
 """Where one call's time goes: per-kernel durations and gaps inside CUDA-graph replays.
 
-    python benchmarks/kernel_timeline.py [W1,W3,C2 ...] [--queries N] [--floor] [--pass-select]
-                                                               (a GPU; default C2,W1,W3,W5,W6)
+    python benchmarks/kernel_timeline.py [W1,W3,C2 ...] [--queries N] [--floor]
+                                                 (a GPU; default C2,W1,W3,W5,W6)
 
 bench_gpu.py times each replay between two CUDA events; that number includes the graph launch
 and both kernels. This script replays the same kind of rotating graphs under torch.profiler
@@ -18,8 +18,7 @@ last write after its last page (max done - max scored over the rows), "per row" 
 own (from SM cycles), both medians over the replays.
 `--queries N` times N query tokens per row; `--floor` adds a second line per workload with the
 select stopped once its keys are staged and binned (ffi_dsa.cuda_options select_floor: nothing is
-written), the split path's fixed cost (the bin select's). `--pass-select` times the four-pass select
-the bin select replaced (cuda_options bin_select=False) instead.
+written), the split path's fixed cost.
 """
 
 from __future__ import annotations
@@ -133,8 +132,6 @@ def main(argv=None) -> int:
     parser.add_argument("--max-sets", type=int, default=64)
     parser.add_argument("--queries", type=int, default=None, help="N query tokens per row (default: 1, rank-3 q)")
     parser.add_argument("--floor", action="store_true", help="also time the select stopped after staging")
-    parser.add_argument("--pass-select", action="store_true",
-                        help="the four-pass select (cuda_options bin_select=False)")
     a = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("kernel_timeline: needs a CUDA GPU")
@@ -142,11 +139,11 @@ def main(argv=None) -> int:
     clock = Clock("cuda")
     print(f"one tiny kernel in a graph, event-bracketed: {tiny_graph_us(clock, 200):.2f} us", flush=True)
     specs = workloads()
-    set_cuda_options(bin_select=not a.pass_select, stamp_fused_tail=False)
-    n = (f" N={a.queries}" if a.queries else "") + (" passes" if a.pass_select else " bins")
+    set_cuda_options(stamp_fused_tail=False)
+    n = f" N={a.queries}" if a.queries else ""
     for name in a.workloads.split(","):
         print(timeline(name, specs[name], clock, a.replays, a.max_sets, a.queries) + n, flush=True)
-        if a.floor and not a.pass_select:
+        if a.floor:
             with using_cuda_options(select_floor=True):
                 print(timeline(name, specs[name], clock, a.replays, a.max_sets, a.queries) + n + " floor", flush=True)
     return 0

@@ -1,17 +1,16 @@
 """Where a select kernel's warps wait (Nsight Compute): stall reasons, issue rate, instructions.
 
-    python benchmarks/select_stalls.py [W1,W5,W6] [--queries N] [--pass-select] [--sass DIR]
-                                                                    (a GPU with `ncu` on PATH)
+    python benchmarks/select_stalls.py [W1,W5,W6] [--queries N] [--sass DIR]
+                                                    (a GPU with `ncu` on PATH)
 
 For each workload it runs the call twice in a child process under ncu (L2 left as the first call
 leaves it, clocks alone: `--cache-control none --clock-control none`) and prints, for the second
 call's SelectRowsKernel and FusedRowsKernel, ncu's warp-state, scheduler and instruction sections
 and the source lines where most stall samples fall. A select is a latency chain on few warps, so
 its stall mix (instruction fetch, barriers, shared-memory or L2 latency) says what to shorten.
-`--pass-select` profiles the four-pass select the bin select replaced (cuda_options bin_select=False). `--sass DIR` also writes,
-per workload, ncu's source page as CSV (DIR/<workload>_sass.csv: every SASS instruction of the
-kernel with its CUDA source line, executed instructions and stall samples), to count on the host
-which phase issues how much.
+`--sass DIR` also writes, per workload, ncu's source page as CSV (DIR/<workload>_sass.csv: every
+SASS instruction of the kernel with its CUDA source line, executed instructions and stall samples),
+to count on the host which phase issues how much.
 """
 
 from __future__ import annotations
@@ -25,17 +24,15 @@ KERNELS = "regex:SelectRowsKernel|FusedRowsKernel"
 SECTIONS = ("WarpStateStats", "SchedulerStats", "InstructionStats", "LaunchStats", "SourceCounters")
 
 
-def child(name: str, queries: int | None, pass_select: bool) -> int:
+def child(name: str, queries: int | None) -> int:
     import torch
 
     import ffi_dsa
-    from ffi_dsa.cuda_options import set_cuda_options
     from bench_gpu import TOPK, workloads
     from ffi_dsa import _ffi_api
     from gpu_batches import make_batch_torch
 
     _ffi_api.cuda_module()
-    set_cuda_options(bin_select=not pass_select)
     batch = make_batch_torch(workloads()[name]["lens"], seed=5, device="cuda", queries=queries)
     out = torch.full(batch.output_shape(TOPK), -7, dtype=torch.int32, device="cuda")
     for _ in range(2):
@@ -48,14 +45,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workloads", nargs="?", default="W1,W5,W6")
     parser.add_argument("--queries", type=int, default=None)
-    parser.add_argument("--pass-select", action="store_true")
     parser.add_argument("--sass", help="folder for each workload's per-instruction CSV")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     a = parser.parse_args(argv)
     if a.child:
-        return child(a.child, a.queries, a.pass_select)
+        return child(a.child, a.queries)
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-    extra = (["--queries", str(a.queries)] if a.queries else []) + (["--pass-select"] if a.pass_select else [])
+    extra = ["--queries", str(a.queries)] if a.queries else []
     for name in a.workloads.split(","):
         cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--kernel-name", KERNELS,
                "--launch-skip", "1", "--launch-count", "1", "--import-source", "yes"]

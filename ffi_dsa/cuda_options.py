@@ -10,11 +10,6 @@ them is a tuning knob for users:
   overlaps the end of the stream's previous kernel; ``False`` launches it in plain stream order.
 * ``max_select_cluster``: the most CTAs ``SelectRowsKernel`` gives one query row (1, 2, 4, 8 or 16),
   so any Hopper GPU can run the smaller clusters of a part whose GPCs hold fewer SMs.
-* ``bin_select``: both paths select with the bin select (``SelectRowsKernel``, and
-  ``FusedRowsKernel``'s tail: fixed bins counted where the keys reach shared memory, two passes,
-  an ordered emit; a row's N queries side by side in the fused kernel); ``False`` runs the
-  four-pass select it replaced (``PassSelectRowsKernel``, and the fused tail one query after the
-  other), kept for A/B timing and byte diffs.
 * ``select_floor``: a measuring instrument, and the one option that changes what a call writes:
   ``SelectRowsKernel`` stops once it has staged and binned its keys and writes no output, so
   ``benchmarks/kernel_timeline.py --floor`` can time the split path's fixed cost (the kernel
@@ -46,21 +41,21 @@ def _flag(name: str, value) -> int:
 
 
 def set_cuda_options(*, fused: bool | None = None, pdl: bool | None = None,
-                     max_select_cluster: int | None = None, bin_select: bool | None = None,
-                     select_floor: bool | None = None, stamp_fused_tail: bool | None = None) -> dict:
+                     max_select_cluster: int | None = None, select_floor: bool | None = None,
+                     stamp_fused_tail: bool | None = None) -> dict:
     """Set the options given (None leaves one as it is) and return all of them as they were before,
     to restore with ``set_cuda_options(**previous)``. ValueError (and no change) for a value the
     kernels do not support."""
     cluster = _UNCHANGED if max_select_cluster is None else int(max_select_cluster)
     previous = _ffi_api.cuda().set_cuda_options(_flag("fused", fused), _flag("pdl", pdl), cluster,
-                                                _flag("bin_select", bin_select), _flag("select_floor", select_floor),
+                                                _flag("select_floor", select_floor),
                                                 _flag("stamp_fused_tail", stamp_fused_tail))
     return _as_options(previous)
 
 
 def cuda_options() -> dict:
     """The options the next CUDA call uses: ``{"fused": bool, "pdl": bool, "max_select_cluster": int,
-    "bin_select": bool, "select_floor": bool, "stamp_fused_tail": bool}``."""
+    "select_floor": bool, "stamp_fused_tail": bool}``."""
     return _as_options(_ffi_api.cuda().cuda_options())
 
 
@@ -93,5 +88,5 @@ def using_cuda_options(**options):
 
 def _as_options(native) -> dict:
     return {"fused": bool(native["fused"]), "pdl": bool(native["pdl"]),
-            "max_select_cluster": int(native["max_select_cluster"]), "bin_select": bool(native["bin_select"]),
-            "select_floor": bool(native["select_floor"]), "stamp_fused_tail": bool(native["stamp_fused_tail"])}
+            "max_select_cluster": int(native["max_select_cluster"]), "select_floor": bool(native["select_floor"]),
+            "stamp_fused_tail": bool(native["stamp_fused_tail"])}

@@ -17,8 +17,7 @@ from mtp_batches import Form, mtp_batch
 
 pytestmark = pytest.mark.cuda
 
-DEFAULTS = {"fused": True, "pdl": True, "max_select_cluster": 16, "bin_select": True,
-            "select_floor": False, "stamp_fused_tail": False}
+DEFAULTS = {"fused": True, "pdl": True, "max_select_cluster": 16, "select_floor": False, "stamp_fused_tail": False}
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +39,7 @@ def kernels_run(args, **options) -> set[str]:
         run_dps(args)
         torch.cuda.synchronize()
     names = {e.name for e in p.events() if "ffi_dsa" in e.name}
-    return {kernel for kernel in ("FusedRowsKernel", "ScorePagesKernel", "SelectRowsKernel", "PassSelectRowsKernel")
+    return {kernel for kernel in ("FusedRowsKernel", "ScorePagesKernel", "SelectRowsKernel")
             if any(f"::{kernel}" in name for name in names)}
 
 
@@ -49,7 +48,6 @@ def test_the_fused_option_picks_the_kernels():
     args = make_batch(lens, seed=300).to_torch("cuda")
     assert kernels_run(args) == {"FusedRowsKernel"}
     assert kernels_run(args, fused=False) == {"ScorePagesKernel", "SelectRowsKernel"}
-    assert kernels_run(args, fused=False, bin_select=False) == {"ScorePagesKernel", "PassSelectRowsKernel"}
 
 
 def _edge_batch(seed: int):
@@ -135,8 +133,8 @@ def test_options_round_trip_and_restore():
     assert cuda_options() == DEFAULTS
     previous = set_cuda_options(fused=False, max_select_cluster=4)
     assert previous == DEFAULTS
-    assert cuda_options() == {"fused": False, "pdl": True, "max_select_cluster": 4, "bin_select": True,
-                             "select_floor": False, "stamp_fused_tail": False}
+    assert cuda_options() == {"fused": False, "pdl": True, "max_select_cluster": 4, "select_floor": False,
+                             "stamp_fused_tail": False}
     set_cuda_options(**previous)
     with pytest.raises(RuntimeError, match="inside"):
         with using_cuda_options(pdl=False):

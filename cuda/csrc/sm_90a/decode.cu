@@ -30,7 +30,7 @@ ClusterOccupancy SelectClusterOccupancy() {
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(static_cast<unsigned>(size));
     config.blockDim = dim3(kSelectRowsThreads);
-    config.dynamicSmemBytes = std::max(SelectSmemBytes(kMaxStagedKeys), PassSelectSmemBytes(kMaxStagedKeys));
+    config.dynamicSmemBytes = SelectSmemBytes(kMaxStagedKeys);
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = static_cast<unsigned>(size);
@@ -67,8 +67,7 @@ void ForEachQueryShape(F&& f) {
 // Every decode kernel may use the device's whole opt-in shared memory; SelectRowsKernel may form
 // clusters beyond the portable 8 CTAs.
 void SetKernelAttributes(int optin) {
-  std::vector<const void*> kernels{reinterpret_cast<const void*>(SelectRowsKernel),
-                                   reinterpret_cast<const void*>(PassSelectRowsKernel)};
+  std::vector<const void*> kernels{reinterpret_cast<const void*>(SelectRowsKernel)};
   ForEachQueryShape([&kernels](auto heads, auto queries) {
     kernels.push_back(reinterpret_cast<const void*>(ScorePagesKernel<heads(), queries()>));
     kernels.push_back(reinterpret_cast<const void*>(FusedRowsKernel<heads(), queries()>));
@@ -76,9 +75,7 @@ void SetKernelAttributes(int optin) {
   for (const void* kernel : kernels) {
     TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
   }
-  for (const void* kernel : {reinterpret_cast<const void*>(SelectRowsKernel), reinterpret_cast<const void*>(PassSelectRowsKernel)}) {
-    TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  }
+  TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(SelectRowsKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 }
 
 // The device's facts, with the kernel attributes set on it, once per device (it is current).
@@ -87,7 +84,7 @@ const DeviceFacts& DecodeDeviceFacts(int device) {
     DeviceFacts f;
     static_cast<ffi_dsa::DeviceFacts&>(f) = ffi_dsa::GetDeviceFacts(d);
     // The kernels have fixed shared-memory footprints: check them once per device, not per call.
-    const size_t select_bytes = std::max(SelectSmemBytes(kMaxStagedKeys), PassSelectSmemBytes(kMaxStagedKeys));
+    const size_t select_bytes = SelectSmemBytes(kMaxStagedKeys);
     const size_t score_bytes = ScoreSmemBytes<kNumHeads, kMaxQueries>();
     if (std::max(score_bytes, select_bytes) > f.max_smem_optin) {
       TVM_FFI_THROW(RuntimeError) << "internal: the kernels need " << score_bytes << " and " << select_bytes

@@ -24,18 +24,15 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> TuningAsMap(const sm90::Tuning& t) {
   return {{"fused", t.fused},
           {"pdl", t.programmatic_launch},
           {"max_select_cluster", t.max_select_cluster},
-          {"bin_select", t.bin_select},
           {"select_floor", t.select_floor},
           {"stamp_fused_tail", t.stamp_fused_tail}};
 }
 
 // The knobs for later calls; -1 leaves one as it is. Returns the settings it replaced.
 tvm::ffi::Map<tvm::ffi::String, int64_t> SetCudaOptions(int64_t fused, int64_t pdl, int64_t max_select_cluster,
-                                                          int64_t bin_select, int64_t select_floor,
-                                                          int64_t stamp_fused_tail) {
+                                                          int64_t select_floor, int64_t stamp_fused_tail) {
   for (const auto& [name, value] : {std::pair<const char*, int64_t>{"fused", fused},
                                     {"pdl", pdl},
-                                    {"bin_select", bin_select},
                                     {"select_floor", select_floor},
                                     {"stamp_fused_tail", stamp_fused_tail}}) {
     if (value != -1 && value != 0 && value != 1) {
@@ -50,7 +47,6 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> SetCudaOptions(int64_t fused, int64_t p
   if (fused != -1) next.fused = fused == 1;
   if (pdl != -1) next.programmatic_launch = pdl == 1;
   if (max_select_cluster != -1) next.max_select_cluster = static_cast<int>(max_select_cluster);
-  if (bin_select != -1) next.bin_select = bin_select == 1;
   if (select_floor != -1) next.select_floor = select_floor == 1;
   if (stamp_fused_tail != -1) next.stamp_fused_tail = stamp_fused_tail == 1;
   sm90::SetTuning(next);

@@ -18,12 +18,12 @@
 // query's barrier waits and single-warp phases overlap the others' work. Sorted output selects the
 // queries one after the other on all 512 threads (the block sort synchronizes the whole CTA).
 //
-// Roles (512 threads = the select's thread count): four math warpgroups, each its own producer.
-// Page i of the row goes to warpgroup i % 4 and stage i % kFusedStages; the warpgroup's first
-// thread issues the page's TMA kFusedStages pages ahead, once its own 128 threads have released
-// the stage (empty mbarrier). No producer warpgroup: the select that follows wants all 512
-// threads, and one issuing thread per warpgroup keeps the SM's TMA unit busy (with two or more
-// issuers the TMA unit, not the issuing, bounds the page rate).
+// Roles (512 threads): four math warpgroups, each its own producer. Page i of the row goes to
+// warpgroup i % 4 and stage i % kFusedStages; the warpgroup's first thread issues the page's TMA
+// kFusedStages pages ahead, once its own 128 threads have released the stage (empty mbarrier). No
+// producer warpgroup: the select that follows wants all 512 threads, and one issuing thread per
+// warpgroup keeps the SM's TMA unit busy (with two or more issuers the TMA unit, not the issuing,
+// bounds the page rate).
 #pragma once
 #include <cuda.h>
 
@@ -35,7 +35,8 @@
 #include "ffi_dsa/impls/sm90_ptx.cuh"
 #include "ffi_dsa/impls/sm90_rows.cuh"
 #include "ffi_dsa/impls/sm90_score_pages.cuh"
-#include "ffi_dsa/impls/sm90_slice_select.cuh"
+#include "ffi_dsa/impls/sm90_select_params.cuh"
+#include "ffi_dsa/impls/sm90_select_rows.cuh"
 #include "ffi_dsa/rank_key.h"
 
 namespace ffi_dsa::sm90 {
@@ -45,19 +46,17 @@ struct FusedParams {
   const float* weights;   // [B * N, H]
   uint32_t key_stride;    // keys of one query in shared memory: FusedKeyStride of the table's width
   SelectParams select;    // keys and staged_capacity unused: the row's keys never leave shared memory
-  bool pass_select;       // launch/tuning.h bin_select off: the four-pass select (sm90_slice_select.cuh)
   // launch/tuning.h stamp_fused_tail: per CTA, kTailStampWords words (launch/sm90_tail_stamps.h), or null.
   unsigned long long* tail_stamps;
 };
 
-constexpr int kFusedThreads = kSelectThreads;
-static_assert(kFusedThreads == kMathWarpgroups * kWarpgroupThreads, "every thread scores, then selects");
+// Every thread scores, then selects.
+constexpr int kFusedThreads = kMathWarpgroups * kWarpgroupThreads;
 // Two stages per warpgroup: one page computed while the next is in flight.
 constexpr int kFusedStages = 2 * kMathWarpgroups;
 // Most keys a CTA scores and stages, over its row's N queries (64 KB).
 constexpr uint32_t kFusedMaxRowKeys = 16384;
 constexpr int kFusedMaxRowPages = kFusedMaxRowKeys / kPageTokens;
-static_assert(kFusedMaxRowPages <= kMaxStagedPages, "the four-pass select's page table");
 // Head weights held in registers (RowWeights): 512 threads may use 128 registers each.
 constexpr int kFusedHeldWeights = 128;
 
@@ -97,7 +96,6 @@ union FusedSelect {
     topk::SortStorage<kFusedThreads> sort;
   } serial;  // one query at a time on every thread (N = 1, or sorted output)
   topk::Storage<kFusedGroupThreads<kQueries>> groups[kFusedSelectGroups<kQueries>];  // side by side
-  SelectSmem pass;  // the four-pass select (FusedParams::pass_select)
 };
 template <int kHeads, int kQueries>
 struct FusedSmem {
@@ -212,31 +210,6 @@ __device__ __forceinline__ void SelectRowQueries(const FusedParams& fp, FusedSme
   __syncthreads();
 }
 
-// The same with the four-pass select, one query after the other (FusedParams::pass_select).
-template <int kHeads, int kQueries>
-__device__ __forceinline__ void PassSelectRowQueries(const FusedParams& fp, FusedSmem<kHeads, kQueries>& smem,
-                                                     uint32_t* row_keys, int64_t row) {
-  const SelectParams& p = fp.select;
-  int32_t length[kQueries];
-#pragma unroll
-  for (int j = 0; j < kQueries; ++j) length[j] = smem.query_lengths[j];
-  bool first_select = true;
-#pragma unroll
-  for (int j = 0; j < kQueries; ++j) {
-    if (!ScoresNeeded(length[j], p.topk, p.sorted)) continue;
-    if (!first_select) __syncthreads();  // the previous select's reads of the shared state are done
-    first_select = false;
-    ResetClusterSelect(smem.select.pass.select);
-    const KeySpan keys{row_keys + j * fp.key_stride, nullptr, static_cast<uint32_t>(length[j])};
-    // This thread's share of the query's stats: one pass over its keys in shared memory.
-    SliceStats query_stats = EmptyStats();
-    if (ThresholdNeeded(length[j], p.topk)) ForEachKey(keys, [&](uint32_t key) { AddKey(query_stats, key); });
-    SelectSlice(p, smem.select.pass, row * kQueries + j, row, length[j], /*begin=*/0, keys, query_stats,
-                smem.row_pages, /*landed=*/nullptr, /*cluster_size=*/1, /*cluster_rank=*/0);
-  }
-  __syncthreads();
-}
-
 extern __shared__ uint8_t fused_smem_raw[];
 
 // Everything after the last page: the selects and the rows that need no scores. Not inlined: the
@@ -250,11 +223,7 @@ __device__ __noinline__ void FusedTail(const FusedParams& fp) {
   FusedSmem<kHeads, kQueries>& smem = *reinterpret_cast<FusedSmem<kHeads, kQueries>*>(base);
   uint32_t* row_keys = reinterpret_cast<uint32_t*>(base + FusedKeysOffset<kHeads, kQueries>());
   const int64_t row = blockIdx.x;
-  if (fp.pass_select) {
-    PassSelectRowQueries(fp, smem, row_keys, row);
-  } else {
-    SelectRowQueries(fp, smem, row_keys, row);
-  }
+  SelectRowQueries(fp, smem, row_keys, row);
   WriteUnscoredQueries(fp.select, row, smem, [&](int j) { return smem.query_lengths[j]; });
 }
 

@@ -27,8 +27,7 @@ __device__ __forceinline__ int32_t QueryLength(const int32_t* seq_lens, int64_t 
   return QueryLengthOf(*QueryLengthEntry(seq_lens, b, j, qs), j, qs, max_pages);
 }
 
-// A row of more than K tokens needs a threshold (and the row stats it starts from); one of at most
-// K tokens takes every valid token.
+// A row of more than K tokens needs a threshold; one of at most K tokens takes every valid token.
 __host__ __device__ __forceinline__ bool ThresholdNeeded(int64_t tokens, int32_t topk) { return tokens > topk; }
 
 // A row of at most K tokens ordered by position needs no scores: every token on a valid page

@@ -1,18 +1,11 @@
-// Sums over the lanes of a warp, shared by the selects (sm90_cluster_topk.cuh, sm90_select_rows.cuh,
+// Sums over the lanes of a warp, shared by the selects (sm90_bin_select.cuh, sm90_select_rows.cuh,
 // sm90_prefill_candidates.cuh). Every lane of the warp calls them.
 #pragma once
 #include <cstdint>
 
 namespace ffi_dsa::sm90 {
 
-// Sum over the warp (every lane gets it).
-template <typename T>
-__device__ __forceinline__ T WarpSum(T x) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, o);
-  return x;
-}
-// 32-bit sums: one redux.sync instead of five dependent shuffles.
+// Sum over the warp (every lane gets it): one redux.sync instead of five dependent shuffles.
 __device__ __forceinline__ uint32_t WarpSum(uint32_t x) { return __reduce_add_sync(0xFFFFFFFFu, x); }
 
 // This lane's inclusive prefix sum over the warp's lanes.

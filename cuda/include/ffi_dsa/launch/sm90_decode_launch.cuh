@@ -68,7 +68,6 @@ void LaunchFused(const IndexerArgs& a, const SelectParams& sel, int64_t max_toke
   fp.weights = a.weights;
   fp.key_stride = FusedKeyStride(static_cast<uint32_t>(max_tokens));
   fp.select = sel;
-  fp.pass_select = !tuning.bin_select;
   fp.tail_stamps = tuning.stamp_fused_tail ? FusedTailStampBuffer(a.device.device_id) : nullptr;
   Launch(static_cast<unsigned>(a.batch), kFusedThreads, FusedSmemBytes<kHeads, kQueries>(static_cast<uint32_t>(max_tokens)),
          stream, 0, programmatic)
@@ -131,15 +130,10 @@ void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning
   // its own wait for the stream's previous kernel), then wait for its keys. As the call's first
   // kernel (rows that need no scores) SelectRowsKernel waits before reading anything.
   sel.wait_before_inputs = !score && pdl;
-  sel.stop_after_staging = tuning.select_floor && tuning.bin_select;
+  sel.stop_after_staging = tuning.select_floor;
   const unsigned grid = static_cast<unsigned>(a.query_rows() * plan.cluster_size);
-  if (tuning.bin_select) {
-    Launch(grid, kSelectRowsThreads, SelectSmemBytes(sel.staged_capacity), stream, plan.cluster_size, score || pdl)
-        .Run(SelectRowsKernel, sel);
-  } else {
-    Launch(grid, kSelectThreads, PassSelectSmemBytes(sel.staged_capacity), stream, plan.cluster_size, score || pdl)
-        .Run(PassSelectRowsKernel, sel);
-  }
+  Launch(grid, kSelectRowsThreads, SelectSmemBytes(sel.staged_capacity), stream, plan.cluster_size, score || pdl)
+      .Run(SelectRowsKernel, sel);
 }
 
 }  // namespace ffi_dsa::sm90

@@ -20,11 +20,6 @@ struct Tuning {
   // The largest select cluster SelectRowsKernel may use (1, 2, 4, 8 or 16): lets any Hopper GPU run
   // the smaller clusters a part with fewer SMs per GPC would get.
   int max_select_cluster = kMaxSelectCluster;
-  // Both paths select with the bin select (sm90_bin_select.cuh: SelectRowsKernel, and
-  // FusedRowsKernel's tail); off, with the four-pass select it replaced (sm90_slice_select.cuh:
-  // PassSelectRowsKernel, and the same tail one query after the other), kept for A/B timing and byte
-  // diffs. The same bytes.
-  bool bin_select = true;
   // A measuring instrument, not a path: SelectRowsKernel stops once its keys are staged and binned
   // and writes no output, so a benchmark can time the split path's floor (the kernel boundary, the
   // staging) apart from the select's work. Every other knob gives the same bytes; this one gives none.
@@ -41,7 +36,6 @@ namespace tuning_detail {
 inline std::atomic<bool> fused{true};
 inline std::atomic<bool> programmatic_launch{true};
 inline std::atomic<int> max_select_cluster{kMaxSelectCluster};
-inline std::atomic<bool> bin_select{true};
 inline std::atomic<bool> select_floor{false};
 inline std::atomic<bool> stamp_fused_tail{false};
 }  // namespace tuning_detail
@@ -51,7 +45,6 @@ inline Tuning CurrentTuning() {
   t.fused = tuning_detail::fused.load(std::memory_order_relaxed);
   t.programmatic_launch = tuning_detail::programmatic_launch.load(std::memory_order_relaxed);
   t.max_select_cluster = tuning_detail::max_select_cluster.load(std::memory_order_relaxed);
-  t.bin_select = tuning_detail::bin_select.load(std::memory_order_relaxed);
   t.select_floor = tuning_detail::select_floor.load(std::memory_order_relaxed);
   t.stamp_fused_tail = tuning_detail::stamp_fused_tail.load(std::memory_order_relaxed);
   return t;
@@ -62,7 +55,6 @@ inline void SetTuning(const Tuning& t) {
   tuning_detail::fused.store(t.fused, std::memory_order_relaxed);
   tuning_detail::programmatic_launch.store(t.programmatic_launch, std::memory_order_relaxed);
   tuning_detail::max_select_cluster.store(t.max_select_cluster, std::memory_order_relaxed);
-  tuning_detail::bin_select.store(t.bin_select, std::memory_order_relaxed);
   tuning_detail::select_floor.store(t.select_floor, std::memory_order_relaxed);
   tuning_detail::stamp_fused_tail.store(t.stamp_fused_tail, std::memory_order_relaxed);
 }
