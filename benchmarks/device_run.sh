@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # The one script a GPU call runs, from the repository root of the device machine:
 #
-#   bash benchmarks/device_run.sh [build|test|test1|test2|sanitize|bench|options|queries|counters|fuzz|chain|
+#   bash benchmarks/device_run.sh [build|test|sanitize|bench|options|queries|counters|fuzz|chain|
 #                                  prefill|sharded|all]...                                    (default: all)
 #
 #   build     import ffi_dsa, force the CUDA module build, print ptxas resource usage (-Xptxas -v)
 #             of each arch's translation units (cuda/csrc/sm_*/)
-#   test      python3 -m pytest -q -x tests                      -> $OUT/pytest.log
-#   test1     the first half of test's tests (every other one: pytest --part 1/2, tests/conftest.py)
-#                                                                -> $OUT/pytest_part1.log
-#   test2     the other half (--part 2/2); test1 then test2, as two calls, run what test runs in one,
-#             each in about half its time (the whole suite on an H200 took over ten minutes)
-#                                                                -> $OUT/pytest_part2.log
+#   test      python3 -m pytest $PYTEST_ARGS as TEST_PROCESSES processes at once (default 8), the k-th
+#             running --part k/TEST_PROCESSES (tests/conftest.py): the suite's time is mostly one CPU
+#             core's (references, batches), so the parts share the GPU well (the CUDA-heavy files'
+#             cuda tests: 71 s in 8 processes on an H100, 19% of them in 320 s in one)
+#                                                                -> $OUT/pytest.log (every part's summary
+#                                                                   and failures; whole logs in /tmp)
 #   sanitize  compute-sanitizer memcheck / racecheck / synccheck over benchmarks/sanitize_cases.py
 #                                                                -> $OUT/sanitize.log
 #   bench     benchmarks/bench_gpu.py                            -> $OUT/bench.{log,json,png}
@@ -36,7 +36,8 @@
 # QUERIES_ARGS (extra bench_queries.py options), PREFILL_ARGS (extra bench_prefill.py options),
 # COUNTERS_WORKLOADS (default W1,W2,W3,W4,W5,W6), JAX_PROCESSES (process counts of bench_jax_processes,
 # default 1,2) and JAX_PROCESSES_ARGS (its extra options),
-# PYTEST_ARGS (default "-q -x tests"), SANITIZE_TOOLS (default "memcheck racecheck synccheck initcheck"),
+# PYTEST_ARGS (default "-q -x tests"; e.g. "-q -m cuda tests" for the GPU's tests alone), TEST_PROCESSES
+# (default 8), SANITIZE_TOOLS (default "memcheck racecheck synccheck initcheck"),
 # SANITIZE_TIMEOUT (seconds per tool, default 150), FFI_DSA_CACHE_DIR (default /tmp/ffi_dsa_cache).
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -138,22 +139,27 @@ EOF
   return $rc
 }
 
-run_pytest() {  # run_pytest LOG [EXTRA PYTEST ARGS]...
-  local log=$1 rc
-  shift
+step_test() {  # the suite in TEST_PROCESSES interleaved parts at once; fails if any part fails or none ran a test
+  local n=${TEST_PROCESSES:-8} k rc=0 one ran=0 pids=() logs=()
   python3 -c "import pytest" 2>/dev/null || { echo "test: pytest is not importable here (carry its wheels in .whl/)"; return 1; }
-  set -o pipefail
-  # shellcheck disable=SC2086
-  python3 -m pytest ${PYTEST_ARGS:--q -x tests} "$@" 2>&1 | tee "$OUT/$log"
-  rc=$?
-  set +o pipefail
-  [ "$rc" -eq 5 ] && echo "test: pytest collected no tests (exit 5): counted as a failure"
+  : >"$OUT/pytest.log"
+  for k in $(seq 1 "$n"); do
+    logs+=("$(mktemp /tmp/pytest_part_${k}_of_${n}.XXXX.log)")
+    # shellcheck disable=SC2086
+    python3 -m pytest ${PYTEST_ARGS:--q -x tests} --part "$k/$n" --durations=5 >"${logs[-1]}" 2>&1 &
+    pids+=($!)
+  done
+  for k in $(seq 1 "$n"); do
+    wait "${pids[k-1]}"
+    one=$?
+    # exit 5: this part got no test (a short selection split in many parts)
+    if [ "$one" -eq 0 ]; then ran=1; elif [ "$one" -ne 5 ]; then rc=1; fi
+    { echo "===== part $k/$n (exit $one, ${logs[k-1]}) ====="
+      grep -E "^(FAILED|ERROR)|Error|passed|failed|skipped" "${logs[k-1]}" | tail -40; } | tee -a "$OUT/pytest.log"
+  done
+  if [ "$rc" -eq 0 ] && [ "$ran" -eq 0 ]; then echo "test: no part ran a test (pytest exit 5 in each): counted as a failure"; rc=1; fi
   return $rc
 }
-
-step_test() { run_pytest pytest.log; }
-step_test1() { run_pytest pytest_part1.log --part 1/2 --durations=15; }
-step_test2() { run_pytest pytest_part2.log --part 2/2 --durations=15; }
 
 step_sanitize() {
   local tool rc=0 one sanitizer
@@ -289,8 +295,8 @@ EXPANDED=()
 for s in "${STEPS[@]}"; do
   case "$s" in
     all) EXPANDED+=(build test sanitize bench) ;;
-    build|test|test1|test2|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded) EXPANDED+=("$s") ;;
-    *) echo "usage: bash benchmarks/device_run.sh [build|test|test1|test2|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded|all]..."
+    build|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded) EXPANDED+=("$s") ;;
+    *) echo "usage: bash benchmarks/device_run.sh [build|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded|all]..."
        exit 2 ;;
   esac
 done

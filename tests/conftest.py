@@ -73,7 +73,7 @@ def pytest_addoption(parser):
     parser.addoption("--part", default=None, metavar="I/N",
                      help="run the I-th of N interleaved shares of the collected tests (every N-th test, "
                           "starting at the I-th), so that N runs together run the suite once "
-                          "(benchmarks/device_run.sh test1, test2)")
+                          "(benchmarks/device_run.sh test runs N of them at once)")
 
 
 def _part(config) -> tuple[int, int] | None:

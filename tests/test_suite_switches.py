@@ -1,6 +1,7 @@
 """The suite's own switches (tests/conftest.py): without a GPU the tests marked cuda are deselected
 with one summary line saying so, skips are summed up one line per reason, and ``--part I/N`` splits
-a run into N shares that together run every test once (benchmarks/device_run.sh test1, test2)."""
+a run into N shares that together run every test once (benchmarks/device_run.sh test runs them at
+once)."""
 
 from __future__ import annotations
 
