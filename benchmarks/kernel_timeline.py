@@ -32,7 +32,7 @@ import tempfile
 import torch
 
 import ffi_dsa  # noqa: E402
-from ffi_dsa.cuda_options import fused_tail_stamps, set_cuda_options, using_cuda_options  # noqa: E402
+from ffi_dsa.cuda_options import fused_tail_stamps, using_cuda_options  # noqa: E402
 from bench_gpu import Clock, _clock_hz, capture_graphs, rotating_sets, workloads  # noqa: E402
 
 MB = 1 << 20
@@ -139,7 +139,6 @@ def main(argv=None) -> int:
     clock = Clock("cuda")
     print(f"one tiny kernel in a graph, event-bracketed: {tiny_graph_us(clock, 200):.2f} us", flush=True)
     specs = workloads()
-    set_cuda_options(stamp_fused_tail=False)
     n = f" N={a.queries}" if a.queries else ""
     for name in a.workloads.split(","):
         print(timeline(name, specs[name], clock, a.replays, a.max_sets, a.queries) + n, flush=True)

@@ -59,7 +59,7 @@ def cuda_options() -> dict:
     return _as_options(_ffi_api.cuda().cuda_options())
 
 
-def fused_tail_stamps(device: int, rows: int, *, clear: bool = True) -> list[tuple[int, int, int]]:
+def fused_tail_stamps(device: int, rows: int, *, clear: bool = True) -> list[tuple[int, int, int] | None]:
     """The ``stamp_fused_tail`` stamps of rows ``0 .. rows - 1`` written by the fused calls on CUDA
     device ``device`` so far, as ``(scored_ns, done_ns, cycles)`` per row, or ``None`` for a row no
     stamped call wrote: the global timer (ns) when the row's last page was scored and when its last
@@ -67,7 +67,7 @@ def fused_tail_stamps(device: int, rows: int, *, clear: bool = True) -> list[tup
     stamps afterwards. Call it once before capturing stamped calls in a CUDA graph: the first call
     allocates the device's stamp buffer, which a capture cannot."""
     words = list(_ffi_api.cuda().fused_tail_stamps(int(device), int(rows), bool(clear)))
-    per_row = len(words) // rows if rows else 0  # (scored, done, cycles, written) and what may follow
+    per_row = len(words) // rows if rows else 0  # the module's words a row: (scored, done, cycles, written)
     out = []
     for r in range(rows):
         scored, done, cycles, written = words[r * per_row:r * per_row + 4]

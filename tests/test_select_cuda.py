@@ -34,6 +34,7 @@ from ffi_dsa.cuda_options import using_cuda_options
 
 from conftest import DEFAULT_K, assert_exact, assert_valid_topk, fp8_bytes, page_bytes, run_dps
 from test_cuda_paths import fused_batch_size, kernels_run
+from test_positions import to_slots
 
 pytestmark = pytest.mark.cuda
 
@@ -184,9 +185,7 @@ def test_every_regime_on_random_rows(sorted_):
         slots = run_dps(args, sorted=sorted_)
         positions = run_dps(args, sorted=sorted_, ids="positions")
     assert_valid_topk(slots, batch, sorted=sorted_)
-    rows = np.arange(len(REGIME_LENS))[:, None]
-    pages = batch.block_table[rows, np.maximum(positions, 0) // PAGE_TOKENS]
-    np.testing.assert_array_equal(slots, np.where(positions >= 0, pages * PAGE_TOKENS + positions % PAGE_TOKENS, -1))
+    np.testing.assert_array_equal(to_slots(positions, batch.block_table, 1), slots)
 
 
 # The fused path's forms: (N, H, longest row). N x the table's width stays within the fused cap
