@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The one script a GPU call runs, from the repository root of the device machine:
 #
-#   bash benchmarks/device_run.sh [build|test|sanitize|bench|options|queries|counters|fuzz|chain|
+#   bash benchmarks/device_run.sh [build|smoke|test|sanitize|bench|options|queries|counters|fuzz|chain|
 #                                  prefill|sharded|all]...                                    (default: all)
 #
 #   build     import ffi_dsa, force the CUDA module build, print ptxas resource usage (-Xptxas -v)
 #             of each arch's translation units (cuda/csrc/sm_*/)
+#   smoke     benchmarks/gpu_smoke.py: each path once, each in a process of its own under a time
+#             limit (SMOKE_TIMEOUT, default 90 s), checked against the reference; a case that
+#             hangs or fails stops the run here: every later step would meet the same kernel
+#                                                                -> $OUT/smoke.log
 #   test      python3 -m pytest $PYTEST_ARGS as TEST_PROCESSES processes at once (default 8), the k-th
 #             running --part k/TEST_PROCESSES (tests/conftest.py): the suite's time is mostly one CPU
 #             core's (references, batches), so the parts share the GPU well (the CUDA-heavy files'
@@ -136,6 +140,14 @@ EOF
   grep -E "Compiling entry|Used [0-9]+ registers|spill|nvcc .* exit|error" "$OUT/build.log" \
     | sed -E "s/Compiling entry function '([^']+)'.*/kernel \1/" | $filt | head -60
   if grep -E "nvcc .* exit [1-9]" "$OUT/build.log"; then rc=1; fi
+  return $rc
+}
+
+step_smoke() {
+  set -o pipefail
+  python3 benchmarks/gpu_smoke.py --timeout "${SMOKE_TIMEOUT:-90}" 2>&1 | tee "$OUT/smoke.log"
+  local rc=$?
+  set +o pipefail
   return $rc
 }
 
@@ -294,9 +306,9 @@ STEPS=("$@")
 EXPANDED=()
 for s in "${STEPS[@]}"; do
   case "$s" in
-    all) EXPANDED+=(build test sanitize bench) ;;
-    build|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded) EXPANDED+=("$s") ;;
-    *) echo "usage: bash benchmarks/device_run.sh [build|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded|all]..."
+    all) EXPANDED+=(build smoke test sanitize bench) ;;
+    build|smoke|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded) EXPANDED+=("$s") ;;
+    *) echo "usage: bash benchmarks/device_run.sh [build|smoke|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded|all]..."
        exit 2 ;;
   esac
 done
@@ -305,6 +317,10 @@ T0=$(date +%s)
 env_info
 for s in "${EXPANDED[@]}"; do
   run_step "$s" "step_$s"
+  if [ "$s" = smoke ] && [[ " ${FAILED[*]:-} " == *" smoke "* ]]; then
+    echo "smoke failed: the later steps are skipped (each would meet the same kernel)"
+    break
+  fi
 done
 
 header "summary ($(( $(date +%s) - T0 )) s)"

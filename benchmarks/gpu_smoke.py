@@ -1,0 +1,131 @@
+"""Each CUDA path once, each in a process of its own under a time limit: the first step of a GPU
+machine's call (benchmarks/device_run.sh smoke), so that a kernel that never finishes is a named
+failure after seconds, not a call that runs out its whole limit with nothing said.
+
+    python benchmarks/gpu_smoke.py [--device cuda|cpu] [--timeout S] [--cases a,b,...]
+
+A case is one path of the module: the fused kernel at N = 1, 2 and 4, sorted output, the split
+path for rows one CTA selects and for rows on a cluster (ffi_dsa.cuda_options). Its child makes one batch of fresh random data, calls ``ffi_dsa.call`` into
+a poisoned output and checks it with ``ffi_dsa.check_topk`` (the float64 reference, the contract's
+tolerance). A child still running at the time limit is killed and reported as a hang: a hung
+kernel keeps its process from ever returning. ``--device cpu`` makes the same calls on the CPU path
+(the options are the CUDA module's and are not set there), so the script runs without a GPU.
+Exit code 1 if any case fails or hangs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Case:
+    lens: str                     # "fused": enough rows for the fused path, else row lengths
+    queries: int | None = None    # N (None: rank-3 q, one query per row)
+    heads: int = 64
+    sorted: bool = False
+    options: dict = field(default_factory=dict)  # ffi_dsa.cuda_options for the call (CUDA only)
+
+
+FUSED = "fused"
+CLUSTER_ROWS = (70000, 20000, 5000, 1000)  # one row on a cluster of CTAs, one of <= K tokens
+CASES = {
+    "fused_n1": Case(FUSED),
+    "fused_n2": Case(FUSED, queries=2),
+    "fused_n4_h32": Case(FUSED, queries=4, heads=32),
+    "fused_sorted": Case(FUSED, sorted=True),
+    "split_alone": Case("3000,8000,2100,2049", options={"fused": False}),
+    "split_cluster": Case(",".join(map(str, CLUSTER_ROWS)), options={"fused": False}),
+    "split_cluster_sorted": Case(",".join(map(str, CLUSTER_ROWS)), sorted=True, options={"fused": False}),
+    "split_cluster_n2": Case(",".join(map(str, CLUSTER_ROWS)), queries=2, options={"fused": False}),
+}
+
+
+def row_lengths(case: Case, device: str, rng) -> np.ndarray:
+    if case.lens != FUSED:
+        return np.array([int(x) for x in case.lens.split(",")])
+    # The fused path takes batches of >= 0.7 x the SMs rows whose table is <= 16K / N tokens wide.
+    rows = 128
+    if device == "cuda":
+        import torch
+
+        rows = max(rows, torch.cuda.get_device_properties(0).multi_processor_count)
+    return rng.integers(2100, min(6000, 16384 // (case.queries or 1) - 64), size=rows)
+
+
+def run_case(name: str, device: str, seed: int) -> list[str]:
+    """One call of case `name`; the problems check_topk finds (empty: correct)."""
+    import ffi_dsa
+    from ffi_dsa.workloads import make_batch
+
+    case = CASES[name]
+    rng = np.random.default_rng(seed)
+    batch = make_batch(row_lengths(case, device, rng), seed=seed, queries=case.queries, heads=case.heads)
+    if device == "cuda":
+        import torch
+
+        from ffi_dsa.cuda_options import set_cuda_options
+
+        set_cuda_options(**case.options)
+        args = batch.to_torch("cuda")
+        out = torch.full(batch.output_shape(2048), -7, dtype=torch.int32, device="cuda")
+        ffi_dsa.call(*args, out, sorted=case.sorted)
+        torch.cuda.synchronize()
+        got = out.cpu().numpy()
+    else:
+        got = np.full(batch.output_shape(2048), -7, dtype=np.int32)
+        ffi_dsa.call(*batch.args(), got, sorted=case.sorted)
+    return ffi_dsa.check_topk(got, *batch.args(), sorted=case.sorted)
+
+
+def run_child(command: list[str], timeout: float) -> tuple[str, str]:
+    """("ok" | "failed" | "hang", the child's output) of one child process under `timeout` seconds."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as expired:
+        output = expired.stdout or ""
+        output = output.decode() if isinstance(output, bytes) else output
+        return "hang", output
+    return ("ok" if done.returncode == 0 else "failed"), done.stdout + done.stderr
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--timeout", type=float, default=90.0, help="seconds a case may take, its process's start included")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    parser.add_argument("--seed", type=int, default=2051)
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # the case this process runs
+    a = parser.parse_args(argv)
+    if a.child:
+        problems = run_case(a.child, a.device, a.seed)
+        for p in problems[:5]:
+            print(p)
+        return 1 if problems else 0
+    names = [n for n in a.cases.split(",") if n]
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; the cases: {', '.join(CASES)}")
+    failed = 0
+    for name in names:
+        start = time.perf_counter()
+        status, output = run_child([sys.executable, __file__, "--device", a.device, "--seed", str(a.seed),
+                                    "--child", name], a.timeout)
+        took = time.perf_counter() - start
+        note = f" (killed after {a.timeout:.0f} s: a kernel that never finishes?)" if status == "hang" else ""
+        print(f"smoke {name:22s} {status.upper():6s} {took:6.1f} s{note}", flush=True)
+        if status != "ok":
+            failed += 1
+            print("  " + "\n  ".join(output.strip().splitlines()[-12:]), flush=True)
+    print(f"smoke ({a.device}): {len(names) - failed} of {len(names)} cases ok")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""benchmarks/gpu_smoke.py, the first step of a GPU machine's call: each path once, each in a child
+process under a time limit, a child that outlives it reported as a hang."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import CHECKOUT, DEVICES, load_script, script_env
+
+gpu_smoke = load_script("benchmarks/gpu_smoke.py")
+SCRIPT = str(CHECKOUT / "benchmarks" / "gpu_smoke.py")
+
+
+def test_a_child_past_its_time_limit_is_a_hang():
+    start = time.perf_counter()
+    status, _ = gpu_smoke.run_child([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"],
+                                    timeout=2)
+    assert status == "hang"
+    assert time.perf_counter() - start < 30  # killed, not waited for
+
+
+def test_a_failing_child_is_a_failure_with_its_output():
+    status, output = gpu_smoke.run_child([sys.executable, "-c", "import sys; print('row 3: wrong'); sys.exit(1)"],
+                                         timeout=30)
+    assert status == "failed" and "row 3: wrong" in output
+    assert gpu_smoke.run_child([sys.executable, "-c", "pass"], timeout=30)[0] == "ok"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_cases_pass(device, tmp_path):
+    """The split-path cases (a row alone, a cluster, N = 2) through the script itself; on a GPU the
+    fused cases too."""
+    cases = "split_alone,split_cluster,split_cluster_n2" + (",fused_n1,fused_n2,fused_sorted" if device == "cuda" else "")
+    done = subprocess.run([sys.executable, SCRIPT, "--device", device, "--cases", cases, "--timeout", "120"],
+                          cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=900)
+    n = len(cases.split(","))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{n} of {n} cases ok" in done.stdout
+
+
+def test_an_unknown_case_is_named():
+    done = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--cases", "fused_n1,fused_n9"],
+                          env=script_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "fused_n9" in done.stderr and "split_cluster" in done.stderr
