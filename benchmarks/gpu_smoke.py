@@ -8,7 +8,8 @@ A case is one path of the module: the fused kernel at N = 1, 2 and 4, sorted out
 path for rows one CTA selects and for rows on a cluster (ffi_dsa.cuda_options). Its child makes one batch of fresh random data, calls ``ffi_dsa.call`` into
 a poisoned output and checks it with ``ffi_dsa.check_topk`` (the float64 reference, the contract's
 tolerance). A child still running at the time limit is killed and reported as a hang: a hung
-kernel keeps its process from ever returning. ``--device cpu`` makes the same calls on the CPU path
+kernel keeps its process from ever returning. Shortly before the limit the child prints its Python
+stack (faulthandler), which says where it waits (a synchronize behind a kernel, or host code). ``--device cpu`` makes the same calls on the CPU path
 (the options are the CUDA module's and are not set there), so the script runs without a GPU.
 Exit code 1 if any case fails or hangs.
 """
@@ -16,6 +17,7 @@ Exit code 1 if any case fails or hangs.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import subprocess
 import sys
 import time
@@ -89,9 +91,8 @@ def run_child(command: list[str], timeout: float) -> tuple[str, str]:
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as expired:
-        output = expired.stdout or ""
-        output = output.decode() if isinstance(output, bytes) else output
-        return "hang", output
+        streams = [expired.stdout or "", expired.stderr or ""]
+        return "hang", "".join(x.decode() if isinstance(x, bytes) else x for x in streams)
     return ("ok" if done.returncode == 0 else "failed"), done.stdout + done.stderr
 
 
@@ -104,6 +105,7 @@ def main(argv=None) -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)  # the case this process runs
     a = parser.parse_args(argv)
     if a.child:
+        faulthandler.dump_traceback_later(max(1.0, a.timeout - 5))  # where it waits, if it hangs
         problems = run_case(a.child, a.device, a.seed)
         for p in problems[:5]:
             print(p)
@@ -116,7 +118,7 @@ def main(argv=None) -> int:
     for name in names:
         start = time.perf_counter()
         status, output = run_child([sys.executable, __file__, "--device", a.device, "--seed", str(a.seed),
-                                    "--child", name], a.timeout)
+                                    "--timeout", str(a.timeout), "--child", name], a.timeout)
         took = time.perf_counter() - start
         note = f" (killed after {a.timeout:.0f} s: a kernel that never finishes?)" if status == "hang" else ""
         print(f"smoke {name:22s} {status.upper():6s} {took:6.1f} s{note}", flush=True)

@@ -15,12 +15,14 @@ gpu_smoke = load_script("benchmarks/gpu_smoke.py")
 SCRIPT = str(CHECKOUT / "benchmarks" / "gpu_smoke.py")
 
 
-def test_a_child_past_its_time_limit_is_a_hang():
+def test_a_child_past_its_time_limit_is_a_hang_with_its_stack():
     start = time.perf_counter()
-    status, _ = gpu_smoke.run_child([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"],
-                                    timeout=2)
+    child = ("import faulthandler, sys, time; print('started', flush=True); "
+             "faulthandler.dump_traceback_later(1); time.sleep(60)")
+    status, output = gpu_smoke.run_child([sys.executable, "-c", child], timeout=4)
     assert status == "hang"
     assert time.perf_counter() - start < 30  # killed, not waited for
+    assert "started" in output and "Thread" in output  # its output and the stack it printed before the limit
 
 
 def test_a_failing_child_is_a_failure_with_its_output():
