@@ -41,7 +41,8 @@
 # COUNTERS_WORKLOADS (default W1,W2,W3,W4,W5,W6), JAX_PROCESSES (process counts of bench_jax_processes,
 # default 1,2) and JAX_PROCESSES_ARGS (its extra options),
 # PYTEST_ARGS (default "-q -x tests"; e.g. "-q -m cuda tests" for the GPU's tests alone), TEST_PROCESSES
-# (default 8), SANITIZE_TOOLS (default "memcheck racecheck synccheck initcheck"),
+# (default 8), TEST_TIMEOUT (seconds a part may run, default 900; exit 124 past it), TEST_STACK_AFTER
+# (seconds one test runs before its stack is printed, default 120), SANITIZE_TOOLS (default "memcheck racecheck synccheck initcheck"),
 # SANITIZE_TIMEOUT (seconds per tool, default 150), FFI_DSA_CACHE_DIR (default /tmp/ffi_dsa_cache).
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -157,8 +158,12 @@ step_test() {  # the suite in TEST_PROCESSES interleaved parts at once; fails if
   : >"$OUT/pytest.log"
   for k in $(seq 1 "$n"); do
     logs+=("$(mktemp /tmp/pytest_part_${k}_of_${n}.XXXX.log)")
+    # a test still running after TEST_STACK_AFTER s prints every thread's stack (pytest's
+    # faulthandler_timeout), and a part still running after TEST_TIMEOUT s is stopped: a hung kernel
+    # costs the step that long, not the call
     # shellcheck disable=SC2086
-    python3 -m pytest ${PYTEST_ARGS:--q -x tests} --part "$k/$n" --durations=5 >"${logs[-1]}" 2>&1 &
+    timeout -k 10 "${TEST_TIMEOUT:-900}" python3 -m pytest ${PYTEST_ARGS:--q -x tests} --part "$k/$n" --durations=5 \
+        -o faulthandler_timeout="${TEST_STACK_AFTER:-120}" >"${logs[-1]}" 2>&1 &
     pids+=($!)
   done
   for k in $(seq 1 "$n"); do
@@ -166,8 +171,9 @@ step_test() {  # the suite in TEST_PROCESSES interleaved parts at once; fails if
     one=$?
     # exit 5: this part got no test (a short selection split in many parts)
     if [ "$one" -eq 0 ]; then ran=1; elif [ "$one" -ne 5 ]; then rc=1; fi
-    { echo "===== part $k/$n (exit $one, ${logs[k-1]}) ====="
-      grep -E "^(FAILED|ERROR)|Error|passed|failed|skipped" "${logs[k-1]}" | tail -40; } | tee -a "$OUT/pytest.log"
+    { echo "===== part $k/$n (exit $one$([ "$one" -eq 124 ] && echo ": stopped after ${TEST_TIMEOUT:-900} s"), ${logs[k-1]}) ====="
+      grep -E "^(FAILED|ERROR)|Error|passed|failed|skipped" "${logs[k-1]}" | tail -30
+      grep -B1 -A8 "most recent call first" "${logs[k-1]}" | head -20; } | tee -a "$OUT/pytest.log"
   done
   if [ "$rc" -eq 0 ] && [ "$ran" -eq 0 ]; then echo "test: no part ran a test (pytest exit 5 in each): counted as a failure"; rc=1; fi
   return $rc
