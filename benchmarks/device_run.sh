@@ -42,7 +42,8 @@
 # default 1,2) and JAX_PROCESSES_ARGS (its extra options),
 # PYTEST_ARGS (default "-q -x tests"; e.g. "-q -m cuda tests" for the GPU's tests alone), TEST_PROCESSES
 # (default 8), TEST_TIMEOUT (seconds a part may run, default 900; exit 124 past it), TEST_STACK_AFTER
-# (seconds one test runs before its stack is printed, default 120), SANITIZE_TOOLS (default "memcheck racecheck synccheck initcheck"),
+# (seconds one test runs before its stack is printed, default 120), SMOKE_TIMEOUT (seconds a smoke
+# case may run, default 90), SANITIZE_TOOLS (default "memcheck racecheck synccheck initcheck"),
 # SANITIZE_TIMEOUT (seconds per tool, default 150), FFI_DSA_CACHE_DIR (default /tmp/ffi_dsa_cache).
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -86,6 +87,7 @@ run_step() {  # run_step NAME FUNCTION
     FAILED+=("$name")
   fi
   printf -- '---- %s: %s in %s s ----\n' "$name" "$([ "$rc" -eq 0 ] && echo OK || echo "FAILED (exit $rc)")" "$took"
+  return "$rc"
 }
 
 env_info() {
@@ -322,8 +324,7 @@ done
 T0=$(date +%s)
 env_info
 for s in "${EXPANDED[@]}"; do
-  run_step "$s" "step_$s"
-  if [ "$s" = smoke ] && [[ " ${FAILED[*]:-} " == *" smoke "* ]]; then
+  if ! run_step "$s" "step_$s" && [ "$s" = smoke ]; then
     echo "smoke failed: the later steps are skipped (each would meet the same kernel)"
     break
   fi

@@ -5,13 +5,15 @@ failure after seconds, not a call that runs out its whole limit with nothing sai
     python benchmarks/gpu_smoke.py [--device cuda|cpu] [--timeout S] [--cases a,b,...]
 
 A case is one path of the module: the fused kernel at N = 1, 2 and 4, sorted output, the split
-path for rows one CTA selects and for rows on a cluster (ffi_dsa.cuda_options). Its child makes one batch of fresh random data, calls ``ffi_dsa.call`` into
-a poisoned output and checks it with ``ffi_dsa.check_topk`` (the float64 reference, the contract's
-tolerance). A child still running at the time limit is killed and reported as a hang: a hung
-kernel keeps its process from ever returning. Shortly before the limit the child prints its Python
-stack (faulthandler), which says where it waits (a synchronize behind a kernel, or host code). ``--device cpu`` makes the same calls on the CPU path
-(the options are the CUDA module's and are not set there), so the script runs without a GPU.
-Exit code 1 if any case fails or hangs.
+path for rows one CTA selects and for rows on a cluster (ffi_dsa.cuda_options). Its child makes one
+batch of fresh random data and calls it twice into poisoned outputs (fuzz.py's Runner: on CUDA the
+repeat on a second stream); the two must be the same bytes and pass ``ffi_dsa.check_topk`` (the
+float64 reference, the contract's tolerance). A child still running at the time limit is killed
+and reported as a hang: a hung kernel keeps its process from ever returning. Shortly before the
+limit the child prints its Python stack (faulthandler), which says where it waits (a synchronize
+behind a kernel, or host code). ``--device cpu`` makes the same calls on the CPU path (the options
+are the CUDA module's and are not set there), so the script runs without a GPU. Exit code 1 if any
+case fails or hangs.
 """
 
 from __future__ import annotations
@@ -25,33 +27,35 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ffi_dsa.contract import DEFAULT_TOPK
+
 
 @dataclass(frozen=True)
 class Case:
-    lens: str                     # "fused": enough rows for the fused path, else row lengths
+    lens: tuple[int, ...] | None  # row lengths; None: rows enough for the fused path
     queries: int | None = None    # N (None: rank-3 q, one query per row)
     heads: int = 64
     sorted: bool = False
     options: dict = field(default_factory=dict)  # ffi_dsa.cuda_options for the call (CUDA only)
 
 
-FUSED = "fused"
 CLUSTER_ROWS = (70000, 20000, 5000, 1000)  # one row on a cluster of CTAs, one of <= K tokens
+SPLIT = {"fused": False}
 CASES = {
-    "fused_n1": Case(FUSED),
-    "fused_n2": Case(FUSED, queries=2),
-    "fused_n4_h32": Case(FUSED, queries=4, heads=32),
-    "fused_sorted": Case(FUSED, sorted=True),
-    "split_alone": Case("3000,8000,2100,2049", options={"fused": False}),
-    "split_cluster": Case(",".join(map(str, CLUSTER_ROWS)), options={"fused": False}),
-    "split_cluster_sorted": Case(",".join(map(str, CLUSTER_ROWS)), sorted=True, options={"fused": False}),
-    "split_cluster_n2": Case(",".join(map(str, CLUSTER_ROWS)), queries=2, options={"fused": False}),
+    "fused_n1": Case(None),
+    "fused_n2": Case(None, queries=2),
+    "fused_n4_h32": Case(None, queries=4, heads=32),
+    "fused_sorted": Case(None, sorted=True),
+    "split_alone": Case((3000, 8000, 2100, 2049), options=SPLIT),
+    "split_cluster": Case(CLUSTER_ROWS, options=SPLIT),
+    "split_cluster_sorted": Case(CLUSTER_ROWS, sorted=True, options=SPLIT),
+    "split_cluster_n2": Case(CLUSTER_ROWS, queries=2, options=SPLIT),
 }
 
 
 def row_lengths(case: Case, device: str, rng) -> np.ndarray:
-    if case.lens != FUSED:
-        return np.array([int(x) for x in case.lens.split(",")])
+    if case.lens is not None:
+        return np.array(case.lens)
     # The fused path takes batches of >= 0.7 x the SMs rows whose table is <= 16K / N tokens wide.
     rows = 128
     if device == "cuda":
@@ -62,28 +66,21 @@ def row_lengths(case: Case, device: str, rng) -> np.ndarray:
 
 
 def run_case(name: str, device: str, seed: int) -> list[str]:
-    """One call of case `name`; the problems check_topk finds (empty: correct)."""
+    """Case `name`'s call and its repeat; the problems found (empty: correct)."""
     import ffi_dsa
     from ffi_dsa.workloads import make_batch
+    from fuzz import Runner
 
     case = CASES[name]
     rng = np.random.default_rng(seed)
     batch = make_batch(row_lengths(case, device, rng), seed=seed, queries=case.queries, heads=case.heads)
     if device == "cuda":
-        import torch
-
         from ffi_dsa.cuda_options import set_cuda_options
 
         set_cuda_options(**case.options)
-        args = batch.to_torch("cuda")
-        out = torch.full(batch.output_shape(2048), -7, dtype=torch.int32, device="cuda")
-        ffi_dsa.call(*args, out, sorted=case.sorted)
-        torch.cuda.synchronize()
-        got = out.cpu().numpy()
-    else:
-        got = np.full(batch.output_shape(2048), -7, dtype=np.int32)
-        ffi_dsa.call(*batch.args(), got, sorted=case.sorted)
-    return ffi_dsa.check_topk(got, *batch.args(), sorted=case.sorted)
+    first, repeat = Runner(device).run(batch.args(), batch.output_shape(DEFAULT_TOPK), case.sorted, {})
+    problems = [] if np.array_equal(first, repeat) else ["the repeat wrote other bytes"]
+    return problems + ffi_dsa.check_topk(first, *batch.args(), sorted=case.sorted)
 
 
 def run_child(command: list[str], timeout: float) -> tuple[str, str]:
