@@ -11,7 +11,8 @@ repeat on a second stream); the two must be the same bytes and pass ``ffi_dsa.ch
 float64 reference, the contract's tolerance). A child still running at the time limit is killed
 and reported as a hang: a hung kernel keeps its process from ever returning. Shortly before the
 limit the child prints its Python stack (faulthandler), which says where it waits (a synchronize
-behind a kernel, or host code). ``--device cpu`` makes the same calls on the CPU path (the options
+behind a kernel, or host code). The module is loaded, or built, by this process before the first
+case, outside every limit. ``--device cpu`` makes the same calls on the CPU path (the options
 are the CUDA module's and are not set there), so the script runs without a GPU. Exit code 1 if any
 case fails or hangs.
 """
@@ -19,9 +20,13 @@ case fails or hangs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
+import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -84,13 +89,30 @@ def run_case(name: str, device: str, seed: int) -> list[str]:
 
 
 def run_child(command: list[str], timeout: float) -> tuple[str, str]:
-    """("ok" | "failed" | "hang", the child's output) of one child process under `timeout` seconds."""
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as expired:
-        streams = [expired.stdout or "", expired.stderr or ""]
-        return "hang", "".join(x.decode() if isinstance(x, bytes) else x for x in streams)
-    return ("ok" if done.returncode == 0 else "failed"), done.stdout + done.stderr
+    """("ok" | "failed" | "hang", the child's output) of one child process under `timeout` seconds.
+    The child writes into a file, not a pipe, and runs in a session of its own whose every process
+    is killed at the limit: a process it started (a JIT build's compiler, say) can then neither keep
+    this one waiting for the end of a pipe nor outlive the case."""
+    with tempfile.TemporaryFile(mode="w+") as log:
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            status = "ok" if child.wait(timeout=timeout) == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            status = "hang"
+        with contextlib.suppress(ProcessLookupError):  # the session's other processes, if any
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        log.seek(0)
+        return status, log.read()
+
+
+def load_module(device: str) -> None:
+    """This process loads (or first builds, saying so) the module the children load: a JIT build
+    takes about a minute, which no case's limit should count."""
+    if device == "cuda":
+        from ffi_dsa import _ffi_api
+
+        _ffi_api.cuda_module()
 
 
 def main(argv=None) -> int:
@@ -111,6 +133,7 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in CASES]
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; the cases: {', '.join(CASES)}")
+    load_module(a.device)
     failed = 0
     for name in names:
         start = time.perf_counter()

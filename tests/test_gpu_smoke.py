@@ -3,6 +3,7 @@ process under a time limit, a child that outlives it reported as a hang."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -23,6 +24,35 @@ def test_a_child_past_its_time_limit_is_a_hang_with_its_stack():
     assert status == "hang"
     assert time.perf_counter() - start < 30  # killed, not waited for
     assert "started" in output and "Thread" in output  # its output and the stack it printed before the limit
+
+
+def test_a_process_the_child_started_neither_holds_up_nor_outlives_the_case(tmp_path):
+    """A child that leaves a process behind holding its output (a JIT build's compiler when the
+    child is killed, a daemon): the case ends when the child does, and the leftover is killed."""
+    marker = tmp_path / "leftover.pid"
+    child = ("import subprocess, sys; "
+             f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+             f"open({str(marker)!r}, 'w').write(str(p.pid)); print('left one', flush=True)")
+    start = time.perf_counter()
+    status, output = gpu_smoke.run_child([sys.executable, "-c", child], timeout=30)
+    assert status == "ok" and "left one" in output
+    assert time.perf_counter() - start < 20  # not the leftover's 60 s
+    leftover = int(marker.read_text())
+    for _ in range(50):
+        if not running(leftover):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the process the child started ({leftover}) still runs")
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (killed, not yet reaped by init)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_a_failing_child_is_a_failure_with_its_output():
