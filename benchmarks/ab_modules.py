@@ -1,0 +1,132 @@
+"""Whole calls through this tree's module and another tree's, timed in one process, in turns.
+
+    python benchmarks/ab_modules.py --against PATH [--against-cache DIR] [W5,W1 ...] [--queries N]
+                                    [--rounds R] [--replays M] [--device cuda|cpu] [--rotate-mb MB]
+
+Two builds timed in two processes, a minute apart, differ by what the machine did in between
+(clocks, temperature, the other process's allocations) by as much as a select change saves
+(benchmarks/NOTES.md). Here both modules are loaded into one process (each library exports its
+functions from its own handle: nothing global to clash) and each workload's CUDA graphs of both
+(one call each) are replayed in alternating rounds, which of the two goes first alternating too,
+over one rotation of L2-cold input sets (bench_gpu.rotating_sets), so drift lands on both. With
+`--device cpu` the CPU modules, called directly. Per workload: each module's median per call (CUDA events, every replay of every round), the
+other/this ratio of those medians with the range of the per-round ratios, and whether both wrote
+the same bytes on every set. The other tree's module is built or loaded by that tree's ffi_dsa in a
+child process (in FFI_DSA_CACHE_DIR, or `--against-cache`); both modules must take the same
+arguments (the bindings' `topk_indexer`). Exit code 1 if any output differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+
+import ffi_dsa  # noqa: F401  (this tree's package; benchmarks/ is this script's folder)
+from ffi_dsa import _arrays, _ffi_api, decode
+from bench_gpu import Clock, capture_graphs, rotating_sets, workloads  # noqa: E402
+
+MB = 1 << 20
+POISON = -7  # no id: an output still holding it was not written
+
+
+def other_module_path(tree: str, cache: str | None, kind: str) -> str:
+    """The `kind` ('cuda' or 'cpu') module file `tree`'s ffi_dsa loads (building it first if it
+    must, which prints)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(tree), env.get("PYTHONPATH", "")])
+    if cache:
+        env["FFI_DSA_CACHE_DIR"] = cache
+    code = f"from ffi_dsa import _ffi_api; print(_ffi_api.module_path({kind!r}))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"ab_modules: {tree}'s ffi_dsa could not load its {kind} module (exit {done.returncode})")
+    return done.stdout.strip().splitlines()[-1]
+
+
+def bound_call(kernel, args, out):
+    """kernel (a module's topk_indexer) on `args` and `out` as ffi_dsa.call passes them (slots,
+    ascending positions, no max_seq_len), without the per-call conversions."""
+    full = (*args, out)
+    ready = _arrays.all_dlpack_ready(full, decode.OP.arg_names, decode.OP.fp8_args)
+    attrs = decode.OP.attrs({"sorted": False, "ids": "slots", "max_seq_len": None})
+    return lambda: kernel(*ready, *attrs)
+
+
+def compare(name: str, spec: dict, kernels: dict, device: str, rotate_mb: int, rounds: int, replays: int,
+            queries: int | None) -> tuple[str, bool]:
+    """One line for workload `name` and whether both modules wrote the same bytes."""
+    rot = rotating_sets(spec["lens"], device, rotate_mb * MB, seed=11, max_sets=64, queries=queries)
+    outs = {who: [torch.full_like(o, POISON) for o in rot.outs] for who in kernels}
+    calls = {}  # who -> one zero-argument call per input set: a CUDA graph's replay on a GPU
+    for who, kernel in kernels.items():
+        def make_call(i, kernel=kernel, who=who):
+            return bound_call(kernel, rot.set_args(i), outs[who][i])
+        if device == "cuda":
+            calls[who] = [g.replay for g in capture_graphs(make_call, rot.sets, pool=torch.cuda.graph_pool_handle())]
+        else:
+            calls[who] = [make_call(i) for i in range(rot.sets)]
+    for who in kernels:
+        for call in calls[who]:
+            call()
+    clock = Clock(device)
+    clock.sync()
+    written = all(bool((o != POISON).all()) for o in outs["this"])
+    same = written and all(torch.equal(a, b) for a, b in zip(*outs.values()))
+    times = {who: [] for who in kernels}
+    ratios = []
+    turn = 0  # one rotation for both: each replay reads sets that the replays just before it did not
+    order = list(kernels)
+    for r in range(rounds):
+        medians = {}
+        for who in (order if r % 2 == 0 else order[::-1]):
+            fns = [calls[who][(turn + i) % rot.sets] for i in range(replays)]
+            turn += replays
+            t = clock.time_each(fns, head_start_s=max(2e-3, 30e-6 * replays) if device == "cuda" else 0.0)
+            times[who] += t
+            medians[who] = statistics.median(t)
+        ratios.append(medians["other"] / medians["this"])
+    this, other = (statistics.median(times[w]) * 1e6 for w in order)
+    line = (f"{name:4s} N={queries or 1}  this {this:8.2f} us  other {other:8.2f} us  other/this {other / this:6.3f} "
+            f"(rounds {min(ratios):.3f}-{max(ratios):.3f}, {rounds} x {replays} calls each)  "
+            + ("bytes equal" if same else "BYTES DIFFER" if written else "NOT WRITTEN"))
+    return line, same
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workloads", nargs="?", default="W5", help="comma-separated (bench_gpu.py's names)")
+    parser.add_argument("--against", required=True, help="the other tree (its ffi_dsa builds or loads its module)")
+    parser.add_argument("--against-cache", help="FFI_DSA_CACHE_DIR for the other tree's module (default: the same)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--queries", type=int, default=None, help="N query tokens per row")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--replays", type=int, default=20, help="calls of each module per round")
+    parser.add_argument("--rotate-mb", type=int, default=256, help="the input sets' cache, in MiB (L2-cold: >= 256)")
+    a = parser.parse_args(argv)
+    specs = workloads()
+    unknown = [n for n in a.workloads.split(",") if n not in specs]
+    if unknown:
+        parser.error(f"unknown workload(s) {', '.join(unknown)}; bench_gpu.py's: {', '.join(specs)}")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda needs a GPU that torch sees")
+    import tvm_ffi
+
+    this = _ffi_api.cuda() if a.device == "cuda" else _ffi_api.cpu()
+    other_path = other_module_path(a.against, a.against_cache, a.device)
+    kernels = {"this": this.topk_indexer, "other": tvm_ffi.load_module(other_path).topk_indexer}
+    print(f"this:  {_ffi_api.module_path(a.device)}\nother: {other_path}", flush=True)
+    ok = True
+    for name in a.workloads.split(","):
+        line, same = compare(name, specs[name], kernels, a.device, a.rotate_mb, a.rounds, a.replays, a.queries)
+        print(line, flush=True)
+        ok &= same
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

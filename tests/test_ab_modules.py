@@ -1,0 +1,39 @@
+"""benchmarks/ab_modules.py: two trees' modules timed in one process, in turns, their outputs
+compared. The other tree here is the ffi_dsa this suite imports, so the two must agree byte for
+byte and time alike."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import CHECKOUT, DEVICES, FFI_DSA_PARENT, script_env
+
+SCRIPT = str(CHECKOUT / "benchmarks" / "ab_modules.py")
+
+
+def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, SCRIPT, *args], cwd=cwd, env=script_env(), capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_same_module_agrees_with_itself(device, tmp_path):
+    done = run("C2,C1", "--device", device, "--against", FFI_DSA_PARENT, "--rounds", "2", "--replays", "3",
+               "--rotate-mb", "1", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [ln for ln in done.stdout.splitlines() if re.match(r"C[12] +N=1 ", ln)]
+    assert len(lines) == 2, done.stdout
+    for line in lines:
+        assert line.endswith("bytes equal"), line
+        this, other, ratio = (float(x) for x in re.search(r"this +([\d.]+) us +other +([\d.]+) us +other/this +([\d.]+)",
+                                                             line).groups())
+        assert this > 0 and other > 0 and ratio == pytest.approx(other / this, abs=1e-3)
+
+
+def test_an_unknown_workload_is_named():
+    done = run("W5,W9", "--device", "cpu", "--against", FFI_DSA_PARENT)
+    assert done.returncode == 2 and "unknown workload(s) W9;" in done.stderr
