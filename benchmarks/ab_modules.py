@@ -9,26 +9,26 @@ Two builds timed in two processes, a minute apart, differ by what the machine di
 functions from its own handle: nothing global to clash) and each workload's CUDA graphs of both
 (one call each) are replayed in alternating rounds, which of the two goes first alternating too,
 over one rotation of L2-cold input sets (bench_gpu.rotating_sets), so drift lands on both. With
-`--device cpu` the CPU modules, called directly. Per workload: each module's median per call (CUDA events, every replay of every round), the
-other/this ratio of those medians with the range of the per-round ratios, and whether both wrote
-the same bytes on every set. The other tree's module is built or loaded by that tree's ffi_dsa in a
-child process (in FFI_DSA_CACHE_DIR, or `--against-cache`); both modules must take the same
-arguments (the bindings' `topk_indexer`). Exit code 1 if any output differs.
+`--device cpu` the CPU modules, called directly. Per workload: each module's median per call
+(CUDA events, every replay of every round), the other/this ratio of those medians with the range
+of the per-round ratios, and whether both wrote the same bytes on every set. The other tree's
+module is built or loaded by that tree's ffi_dsa in a child process (in FFI_DSA_CACHE_DIR, or
+`--against-cache`); both modules must take the same arguments (the bindings' `topk_indexer`).
+Exit code 1 if any output differs.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
 
 import torch
 
-import ffi_dsa  # noqa: F401  (this tree's package; benchmarks/ is this script's folder)
+from bench_gpu import Clock, capture_graphs, rotating_sets, workloads  # noqa: E402  (this script's folder)
+from diff_module import tree_env  # noqa: E402
 from ffi_dsa import _arrays, _ffi_api, decode
-from bench_gpu import Clock, capture_graphs, rotating_sets, workloads  # noqa: E402
 
 MB = 1 << 20
 POISON = -7  # no id: an output still holding it was not written
@@ -37,12 +37,9 @@ POISON = -7  # no id: an output still holding it was not written
 def other_module_path(tree: str, cache: str | None, kind: str) -> str:
     """The `kind` ('cuda' or 'cpu') module file `tree`'s ffi_dsa loads (building it first if it
     must, which prints)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(tree), env.get("PYTHONPATH", "")])
-    if cache:
-        env["FFI_DSA_CACHE_DIR"] = cache
     code = f"from ffi_dsa import _ffi_api; print(_ffi_api.module_path({kind!r}))"
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, stdout=subprocess.PIPE, text=True)
+    done = subprocess.run([sys.executable, "-c", code], env=tree_env(tree, cache), cwd=tree, stdout=subprocess.PIPE,
+                          text=True)
     if done.returncode != 0:
         raise SystemExit(f"ab_modules: {tree}'s ffi_dsa could not load its {kind} module (exit {done.returncode})")
     return done.stdout.strip().splitlines()[-1]
@@ -86,7 +83,7 @@ def compare(name: str, spec: dict, kernels: dict, device: str, rotate_mb: int, r
         for who in (order if r % 2 == 0 else order[::-1]):
             fns = [calls[who][(turn + i) % rot.sets] for i in range(replays)]
             turn += replays
-            t = clock.time_each(fns, head_start_s=max(2e-3, 30e-6 * replays) if device == "cuda" else 0.0)
+            t = clock.time_each(fns, head_start_s=max(2e-3, 30e-6 * replays))  # the CPU clock has none
             times[who] += t
             medians[who] = statistics.median(t)
         ratios.append(medians["other"] / medians["this"])

@@ -97,6 +97,16 @@ def run_calls(device: str, calls: int, seed: int, out_path: str) -> None:
     np.savez(out_path, **outs)
 
 
+def tree_env(tree: str, cache: str | None) -> dict:
+    """The environment of a child process that imports `tree`'s ffi_dsa, its modules built or
+    loaded in `cache` (None: FFI_DSA_CACHE_DIR as it is)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(tree), env.get("PYTHONPATH", "")])
+    if cache:
+        env["FFI_DSA_CACHE_DIR"] = cache
+    return env
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--against", required=True, help="the other tree (its ffi_dsa package is imported)")
@@ -114,11 +124,8 @@ def main(argv=None) -> int:
         here, there = os.path.join(tmp, "here.npz"), os.path.join(tmp, "there.npz")
         me = [sys.executable, os.path.abspath(__file__), "--against", a.against, "--calls", str(a.calls),
               "--seed", str(a.seed), "--device", a.device]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(a.against), env.get("PYTHONPATH", "")])
-        if a.against_cache:
-            env["FFI_DSA_CACHE_DIR"] = a.against_cache
-        other = subprocess.run([*me, "--child", there], env=env, capture_output=True, text=True)
+        other = subprocess.run([*me, "--child", there], env=tree_env(a.against, a.against_cache),
+                               capture_output=True, text=True)
         if other.returncode != 0:
             print(f"diff_module: the calls through {a.against} failed:\n{other.stderr[-3000:]}")
             return 1
