@@ -212,3 +212,20 @@ def test_fused_path_exact(name, form):
     assert kernels_run(args) == {"FusedRowsKernel"}
     for sorted_ in (False, True):
         assert_exact(run_dps(args, sorted=sorted_), batch, sorted=sorted_, name=f"{name} {form} sorted={sorted_}")
+
+
+@pytest.mark.parametrize("form", [f for f in FUSED_FORMS if FUSED_FORMS[f][0] > 1])
+def test_fused_unscored_queries_beside_selects(form):
+    """Per-query lengths on the fused path: in one row, queries of at most K tokens (0, 1, a page's
+    edges, K - 1, K: written without scores, side by side by their own group of threads) beside
+    queries that select (K + 1 and longer), in every mix, a row of each kind alone too; exact in
+    both orders."""
+    queries, heads, longest = FUSED_FORMS[form]
+    rng = np.random.default_rng(760 + 10 * queries + heads)
+    lens = rng.choice([0, 1, 63, 64, 65, 2047, 2048, 2049, 3000, longest], size=(fused_batch_size(), queries))
+    lens[0], lens[1], lens[2] = 2048, longest, [0] + [longest] * (queries - 1)
+    batch = scored_batch(lens, lambda b, n, rng: spread(n, rng), seed=761 + queries, queries=queries, heads=heads)
+    args = batch.to_torch("cuda")
+    assert kernels_run(args) == {"FusedRowsKernel"}
+    for sorted_ in (False, True):
+        assert_exact(run_dps(args, sorted=sorted_), batch, sorted=sorted_, name=f"{form} sorted={sorted_}")

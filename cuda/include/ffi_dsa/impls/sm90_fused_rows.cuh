@@ -97,6 +97,13 @@ union FusedSelect {
   } serial;  // one query at a time on every thread (N = 1, or sorted output)
   topk::Storage<kFusedGroupThreads<kQueries>> groups[kFusedSelectGroups<kQueries>];  // side by side
 };
+// WriteWholeRow's buffers for one query: a query's own, so that the unscored rows need not wait
+// for the selects that read the row's page ids.
+struct WholeRowScratch {
+  int32_t pages[32];
+  uint32_t offsets[32];
+  uint32_t count;
+};
 template <int kHeads, int kQueries>
 struct FusedSmem {
   union {
@@ -107,8 +114,7 @@ struct FusedSmem {
   // The queries' lengths, for the tail: a read of seq_lens there would put an L2 round trip before
   // the first select and another before the unscored rows, on the row's critical path.
   int32_t query_lengths[kMaxQueries];
-  uint32_t page_offsets[32];             // WriteWholeRow
-  uint32_t whole_row_count;
+  WholeRowScratch whole_rows[kQueries];
 };
 // Dynamic shared memory: FusedSmem, then kQueries x FusedKeyStride(table tokens) keys.
 template <int kHeads, int kQueries>
@@ -119,9 +125,8 @@ __host__ __device__ constexpr size_t FusedSmemBytes(uint32_t table_tokens) {
          size_t(kQueries) * FusedKeyStride(table_tokens) * sizeof(uint32_t);
 }
 
-// The rows of at most K tokens in position order among the row's queries: written without scores,
-// after every select (WriteWholeRow overwrites the shared page ids the selects read). `length(j)`:
-// query j's length.
+// The rows of at most K tokens in position order among the row's queries, written without scores
+// by the whole CTA (the serial selects, or no select at all). `length(j)`: query j's length.
 template <int kHeads, int kQueries, typename Length>
 __device__ __forceinline__ void WriteUnscoredQueries(const SelectParams& p, int64_t row, FusedSmem<kHeads, kQueries>& smem,
                                                      Length&& length) {
@@ -129,9 +134,8 @@ __device__ __forceinline__ void WriteUnscoredQueries(const SelectParams& p, int6
   for (int j = 0; j < kQueries; ++j) {
     const int32_t n = length(j);
     if (!ScoresNeeded(n, p.topk, p.sorted)) {
-      __syncthreads();  // the previous writer's reads of the shared page table are done
-      WriteWholeRow<kFusedThreads>(p, row * kQueries + j, row, n, smem.row_pages, smem.page_offsets,
-                                   smem.whole_row_count, threadIdx.x);
+      WholeRowScratch& w = smem.whole_rows[j];
+      WriteWholeRow<kFusedThreads>(p, row * kQueries + j, row, n, w.pages, w.offsets, w.count, threadIdx.x);
     }
   }
 }
@@ -159,8 +163,8 @@ __device__ __forceinline__ void SelectQuery(topk::Storage<kThreads>& s, topk::So
 }
 
 // The row's selects after its last page: every query that needs scores, from row_keys (query j at
-// j x key_stride). The queries' lengths come from shared memory (the page loop's registers are all
-// taken). Ends with a barrier.
+// j x key_stride); side by side, a group whose query needs none writes it instead. The queries'
+// lengths come from shared memory (the page loop's registers are all taken). Ends with a barrier.
 template <int kHeads, int kQueries>
 __device__ __forceinline__ void SelectRowQueries(const FusedParams& fp, FusedSmem<kHeads, kQueries>& smem,
                                                  uint32_t* row_keys, int64_t row) {
@@ -202,6 +206,13 @@ __device__ __forceinline__ void SelectRowQueries(const FusedParams& fp, FusedSme
           if (ScoresNeeded(n, p.topk, p.sorted)) {
             SelectQuery<kGroupThreads, 1 + j>(sel.groups[j], nullptr, row_keys + j * fp.key_stride, n,
                                               output(j, nullptr), topk, tid % kGroupThreads);
+          } else {
+            // In the group, not after the CTA's barrier: the groups pass different numbers of
+            // their own barriers, and compute-sanitizer's racecheck then takes shared memory
+            // written before a CTA barrier and read after it for a race.
+            WholeRowScratch& w = smem.whole_rows[j];
+            WriteWholeRow<kGroupThreads, 1 + j>(p, row * kQueries + j, row, n, w.pages, w.offsets, w.count,
+                                                tid % kGroupThreads);
           }
         }
       }
@@ -224,7 +235,9 @@ __device__ __noinline__ void FusedTail(const FusedParams& fp) {
   uint32_t* row_keys = reinterpret_cast<uint32_t*>(base + FusedKeysOffset<kHeads, kQueries>());
   const int64_t row = blockIdx.x;
   SelectRowQueries(fp, smem, row_keys, row);
-  WriteUnscoredQueries(fp.select, row, smem, [&](int j) { return smem.query_lengths[j]; });
+  if (kQueries == 1 || fp.select.sorted) {  // side by side, each group wrote its own query's
+    WriteUnscoredQueries(fp.select, row, smem, [&](int j) { return smem.query_lengths[j]; });
+  }
 }
 
 template <int kHeads, int kQueries>

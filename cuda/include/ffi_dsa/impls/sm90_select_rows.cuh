@@ -86,9 +86,10 @@ __device__ __forceinline__ uint32_t ClusterIndex() {
 // A row that needs no scores (sm90_rows.cuh: ScoresNeeded), by one CTA of kThreads: every token on
 // a valid page, in position order, then -1. At most K tokens, so at most 32 pages: one warp scans
 // them. `query_row` names the output row, `row` the block-table row; `pages` and `offsets` are
-// 32-entry shared buffers.
+// 32-entry shared buffers. kThreads threads run it, thread `tid` of them, meeting at kBarrier
+// (topk::GroupSync: 0 the whole CTA).
 static_assert(kMaxTopK <= 32 * kPageTokens, "one warp holds the pages of a row of <= K tokens");
-template <int kThreads>
+template <int kThreads, int kBarrier = 0>
 __device__ void WriteWholeRow(const SelectParams& p, int64_t query_row, int64_t row, int64_t n, int32_t* pages,
                               uint32_t* offsets, uint32_t& count, int tid) {
   const int lane = tid % 32;
@@ -103,7 +104,7 @@ __device__ void WriteWholeRow(const SelectParams& p, int64_t query_row, int64_t 
     pages[lane] = page;
     if (lane == 31) count = incl;
   }
-  __syncthreads();
+  topk::GroupSync<kThreads, kBarrier>();
   int32_t* out = p.topk_indices + query_row * p.topk;
   const uint32_t total = count;
 #pragma unroll 1
