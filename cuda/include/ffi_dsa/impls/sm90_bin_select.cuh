@@ -149,12 +149,15 @@ struct RowOutput {
   __device__ __forceinline__ int32_t QuadId(uint32_t pos) const {
     return positions ? static_cast<int32_t>(begin + pos) : pages[pos / kPageTokens] * kPageTokens + int32_t(pos % kPageTokens);
   }
-  // Key i of the quad at `pos` (its id quad_id + i) into slot `slot`.
+  // Key i of the quad at `pos` (its id quad_id + i) into slot `slot`. The order is a template
+  // argument, so that the emit's loop holds one kind of write, not both under predicates; an id
+  // goes out by a global store (`out` is a generic pointer: a plain write would be a generic one).
+  template <bool kSorted>
   __device__ __forceinline__ void Write(uint32_t slot, int32_t quad_id, uint32_t pos, int i, uint32_t key) const {
-    if (sorted) {
+    if constexpr (kSorted) {
       words[slot] = RankWord(key, begin + pos + i);
     } else {
-      out[slot] = quad_id + i;
+      __stwb(out + slot, quad_id + i);
     }
   }
 };
@@ -634,9 +637,13 @@ __device__ Cut RefineInBin(Storage<kThreads>& s, const SliceKeys& keys, uint32_t
 // ties of the row before this slice (the fast path adds them into one count). With `table_ready`
 // the table already holds the slice's (tile, warp) counts (one chunk); else each chunk is counted
 // first. Ends with a barrier.
-template <int kThreads, int kBarrier>
+template <int kThreads, int kBarrier, bool kSorted>
 __device__ void Emit(Storage<kThreads>& s, const SliceKeys& keys, const Cut& cut, bool table_ready,
-                     uint32_t lower_greater, uint32_t lower_equal, uint32_t topk, const RowOutput& o, int tid) {
+                     uint32_t lower_greater, uint32_t lower_equal, uint32_t topk, const RowOutput& row_output, int tid) {
+  // The output row's pointer held as one value: otherwise each id's address is rebuilt from the
+  // row's base and index (four instructions a store instead of one).
+  RowOutput o = row_output;
+  o.out = OpaquePointer(o.out);
   constexpr int kWarps = Shape<kThreads>::kWarps;
   constexpr uint32_t kChunkTiles = Shape<kThreads>::kChunkTiles;
   const int warp = tid / 32, lane = tid % 32;
@@ -694,10 +701,10 @@ __device__ void Emit(Storage<kThreads>& s, const SliceKeys& keys, const Cut& cut
           slot += __popc(__ballot_sync(0xFFFFFFFFu, wins[i]) & below);
         }
         if (wins[0] || wins[1] || wins[2] || wins[3]) {
-          const int32_t id = o.sorted ? 0 : o.QuadId(pos);
+          const int32_t id = kSorted ? 0 : o.QuadId(pos);
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            if (wins[i] && slot < topk) o.Write(slot, id, pos, i, quad[i]);
+            if (wins[i] && slot < topk) o.Write<kSorted>(slot, id, pos, i, quad[i]);
             slot += wins[i];
           }
         }
@@ -705,12 +712,12 @@ __device__ void Emit(Storage<kThreads>& s, const SliceKeys& keys, const Cut& cut
         const uint32_t x = counts(q);
         const uint32_t before = entry + WarpInclusiveSum(x) - x;
         uint32_t greater = carry_g + (before >> 16), equal = carry_e + (before & 0xFFFFu);
-        const int32_t id = x != 0 && !o.sorted ? o.QuadId(pos) : 0;
+        const int32_t id = x != 0 && !kSorted ? o.QuadId(pos) : 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const bool wins = cut.Wins(quad[i]), ties = cut.Ties(quad[i]);
           const uint32_t slot = wins ? greater + min(equal, cut.ties) : greater + equal;
-          if ((wins || (ties && equal < cut.ties)) && slot < topk) o.Write(slot, id, pos, i, quad[i]);
+          if ((wins || (ties && equal < cut.ties)) && slot < topk) o.Write<kSorted>(slot, id, pos, i, quad[i]);
           greater += wins;
           equal += ties;
         }
@@ -828,14 +835,15 @@ __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, con
     table_ready = false;
   }
   if (ranks > 1 && !o.sorted) ClusterArrive();  // done reading the other CTAs' shared memory
-  Emit<kThreads, kBarrier>(s, keys, cut, table_ready, lower_greater, lower_equal, topk, o, tid);
   if (!o.sorted) {
+    Emit<kThreads, kBarrier, false>(s, keys, cut, table_ready, lower_greater, lower_equal, topk, o, tid);
 #pragma unroll 1
     for (uint32_t i = selected + rank * kThreads + tid; i < topk; i += ranks * kThreads) o.out[i] = -1;
     if (ranks > 1) ClusterWait();
     return;
   }
   if constexpr (kBarrier == 0) {  // cub's block sort synchronizes the whole CTA: sorted output runs on all of it
+    Emit<kThreads, kBarrier, true>(s, keys, cut, table_ready, lower_greater, lower_equal, topk, o, tid);
     if (ranks > 1) ClusterSync(); else GroupSync<kThreads, kBarrier>();  // every winner's word is in place
     if (rank != 0) return;
     SortDescending<kThreads, kBarrier>(*sort, selected, tid);
