@@ -97,6 +97,18 @@ union FusedSelect {
   } serial;  // one query at a time on every thread (N = 1, or sorted output)
   topk::Storage<kFusedGroupThreads<kQueries>> groups[kFusedSelectGroups<kQueries>];  // side by side
 };
+// N = 1: the select's storage beside the ring, so that the page loop bins each key as it stores
+// it, and the tail starts from a whole histogram instead of a pass over the row's keys (N > 1 has
+// no room for N histograms beside the ring and the keys: those bin in the tail).
+template <int kQueries>
+struct LoopBins {
+  static constexpr bool kOn = false;
+};
+template <>
+struct LoopBins<1> {
+  static constexpr bool kOn = true;
+  topk::Storage<kFusedThreads> storage;
+};
 // WriteWholeRow's buffers for one query: a query's own, so that the unscored rows need not wait
 // for the selects that read the row's page ids.
 struct WholeRowScratch {
@@ -115,6 +127,7 @@ struct FusedSmem {
   // the first select and another before the unscored rows, on the row's critical path.
   int32_t query_lengths[kMaxQueries];
   WholeRowScratch whole_rows[kQueries];
+  LoopBins<kQueries> loop_bins;
 };
 // Dynamic shared memory: FusedSmem, then kQueries x FusedKeyStride(table tokens) keys.
 template <int kHeads, int kQueries>
@@ -143,22 +156,25 @@ __device__ __forceinline__ void WriteUnscoredQueries(const SelectParams& p, int6
 // One query's select on a group of kThreads threads (thread `tid` of the group, barrier kBarrier):
 // its keys in shared memory, written by the page loop up to the length rounded up to a quad
 // (kNotCandidate past the length), are padded with kNotCandidate to whole tiles, counted into the
-// histogram, and selected. Sorted output needs kBarrier 0 and `sort` (topk::SelectRow).
-template <int kThreads, int kBarrier>
+// histogram unless the page loop did (kBinned: `s` reset before the loop and every key counted),
+// and selected. Sorted output needs kBarrier 0 and `sort` (topk::SelectRow).
+template <int kThreads, int kBarrier, bool kBinned>
 __device__ __forceinline__ void SelectQuery(topk::Storage<kThreads>& s, topk::SortStorage<kThreads>* sort,
                                             uint32_t* keys, int32_t length, const topk::RowOutput& o, uint32_t topk,
                                             int tid) {
   const topk::SliceKeys slice{keys, nullptr, static_cast<uint32_t>(length)};
   const uint32_t tiles = topk::Tiles<kThreads>(slice);
   const uint32_t written = (static_cast<uint32_t>(length) + 3) / 4 * 4;
-  topk::Reset(s, tid);
+  if constexpr (!kBinned) topk::Reset(s, tid);
 #pragma unroll 1
   for (uint32_t i = written + tid; i < tiles * topk::Shape<kThreads>::kTileKeys; i += kThreads) {
     keys[i] = kNotCandidate;
   }
   topk::GroupSync<kThreads, kBarrier>();  // the reset, the pad
-  topk::ForEachQuad<kThreads>(slice, 0, tiles, tid, [&](uint32_t, uint32_t, const uint4& q) { topk::CountQuad(s, q); });
-  topk::GroupSync<kThreads, kBarrier>();  // the histogram
+  if constexpr (!kBinned) {
+    topk::ForEachQuad<kThreads>(slice, 0, tiles, tid, [&](uint32_t, uint32_t, const uint4& q) { topk::CountQuad(s, q); });
+    topk::GroupSync<kThreads, kBarrier>();  // the histogram
+  }
   topk::SelectRow<kThreads, kBarrier>(s, sort, slice, o, topk, /*ranks=*/1, /*rank=*/0, tid);
 }
 
@@ -192,8 +208,13 @@ __device__ __forceinline__ void SelectRowQueries(const FusedParams& fp, FusedSme
       if (!ScoresNeeded(n, p.topk, p.sorted)) continue;
       if (!first) __syncthreads();  // the previous select's reads of the storage are done
       first = false;
-      SelectQuery<kFusedThreads, 0>(sel.serial.storage, &sel.serial.sort, row_keys + j * fp.key_stride, n,
-                                    output(j, sel.serial.sort.words), topk, tid);
+      if constexpr (LoopBins<kQueries>::kOn) {
+        SelectQuery<kFusedThreads, 0, true>(smem.loop_bins.storage, &sel.serial.sort, row_keys + j * fp.key_stride, n,
+                                            output(j, sel.serial.sort.words), topk, tid);
+      } else {
+        SelectQuery<kFusedThreads, 0, false>(sel.serial.storage, &sel.serial.sort, row_keys + j * fp.key_stride, n,
+                                             output(j, sel.serial.sort.words), topk, tid);
+      }
     }
   } else {
     constexpr int kGroupThreads = kFusedGroupThreads<kQueries>;
@@ -204,7 +225,7 @@ __device__ __forceinline__ void SelectRowQueries(const FusedParams& fp, FusedSme
         if (group == j) {
           const int32_t n = length(j);
           if (ScoresNeeded(n, p.topk, p.sorted)) {
-            SelectQuery<kGroupThreads, 1 + j>(sel.groups[j], nullptr, row_keys + j * fp.key_stride, n,
+            SelectQuery<kGroupThreads, 1 + j, false>(sel.groups[j], nullptr, row_keys + j * fp.key_stride, n,
                                               output(j, nullptr), topk, tid % kGroupThreads);
           } else {
             // In the group, not after the CTA's barrier: the groups pass different numbers of
@@ -304,7 +325,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     const int32_t page = table[i];
     row_pages[i] = page >= 0 && page < p.num_pages ? page : -1;  // -1: not a page, its tokens are not candidates
   }
-  __syncthreads();  // barrier init, row_pages, query_lengths
+  if constexpr (LoopBins<kQueries>::kOn) topk::Reset(smem.loop_bins.storage, tid);
+  __syncthreads();  // barrier init, row_pages, query_lengths, the loop's bins
 
   auto issue = [&](int i) {
     const int st = i % kFusedStages;
@@ -387,7 +409,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
       for (int x = 0; x < Groups::Slots(g); ++x) {
         const int slot = Groups::FirstSlot(g) + x;
         const uint32_t key = valid && page_t0 < slots.key_end[slot] ? keys[x] : kNotCandidate;
-        if (page_t0 < slots.store_end[slot]) slot_keys[slot][page_t0] = key;
+        if (page_t0 < slots.store_end[slot]) {
+          slot_keys[slot][page_t0] = key;
+          if constexpr (LoopBins<kQueries>::kOn) topk::CountKey(smem.loop_bins.storage, key);  // one owner a key
+        }
       }
     });
   };
