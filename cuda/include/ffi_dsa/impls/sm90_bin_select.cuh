@@ -157,7 +157,7 @@ struct RowOutput {
     if constexpr (kSorted) {
       words[slot] = RankWord(key, begin + pos + i);
     } else {
-      __stwb(out + slot, quad_id + i);
+      StoreOutput(out + slot, quad_id + i);
     }
   }
 };
@@ -856,6 +856,8 @@ __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, con
       }
       o.out[i] = id;
     }
+  } else {
+    __trap();  // a group of a CTA emits unsorted only (the caller runs sorted output on every thread)
   }
 }
 

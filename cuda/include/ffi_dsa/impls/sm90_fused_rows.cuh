@@ -256,7 +256,10 @@ __device__ __noinline__ void FusedTail(const FusedParams& fp) {
   uint32_t* row_keys = reinterpret_cast<uint32_t*>(base + FusedKeysOffset<kHeads, kQueries>());
   const int64_t row = blockIdx.x;
   SelectRowQueries(fp, smem, row_keys, row);
-  if (kQueries == 1 || fp.select.sorted) {  // side by side, each group wrote its own query's
+  // Side by side, each group wrote its own unscored query. The serial path has none today (N = 1
+  // reaches the tail only when its query needs scores; sorted output scores every query): kept so
+  // that no row is left unwritten should ScoresNeeded change.
+  if (kQueries == 1 || fp.select.sorted) {
     WriteUnscoredQueries(fp.select, row, smem, [&](int j) { return smem.query_lengths[j]; });
   }
 }

@@ -36,6 +36,11 @@ __device__ __forceinline__ T* OpaquePointer(T* p) {
 __device__ __forceinline__ void StoreGlobal(uint32_t* p, uint32_t value) {
   asm volatile("st.global.u32 [%0], %1;" ::"l"(p), "r"(value) : "memory");
 }
+// The same for an output the kernel never reads back (the select's ids): no memory clobber, so
+// the compiler may still move shared-memory loads across it.
+__device__ __forceinline__ void StoreOutput(int32_t* p, int32_t value) {
+  asm volatile("st.global.s32 [%0], %1;" ::"l"(p), "r"(value));
+}
 
 // The lanes below this one in its warp (a special register: no shift of the lane index).
 __device__ __forceinline__ uint32_t LaneMaskLt() {
