@@ -138,18 +138,15 @@ __host__ __device__ constexpr size_t FusedSmemBytes(uint32_t table_tokens) {
          size_t(kQueries) * FusedKeyStride(table_tokens) * sizeof(uint32_t);
 }
 
-// The rows of at most K tokens in position order among the row's queries, written without scores
-// by the whole CTA (the serial selects, or no select at all). `length(j)`: query j's length.
-template <int kHeads, int kQueries, typename Length>
-__device__ __forceinline__ void WriteUnscoredQueries(const SelectParams& p, int64_t row, FusedSmem<kHeads, kQueries>& smem,
-                                                     Length&& length) {
+// A row none of whose queries needs scores: each query's tokens in position order (WriteWholeRow),
+// by the whole CTA.
+template <int kHeads, int kQueries>
+__device__ __forceinline__ void WriteUnscoredRow(const SelectParams& p, int64_t row, FusedSmem<kHeads, kQueries>& smem) {
 #pragma unroll 1
   for (int j = 0; j < kQueries; ++j) {
-    const int32_t n = length(j);
-    if (!ScoresNeeded(n, p.topk, p.sorted)) {
-      WholeRowScratch& w = smem.whole_rows[j];
-      WriteWholeRow<kFusedThreads>(p, row * kQueries + j, row, n, w.pages, w.offsets, w.count, threadIdx.x);
-    }
+    WholeRowScratch& w = smem.whole_rows[j];
+    WriteWholeRow<kFusedThreads>(p, row * kQueries + j, row, QueryLength(p.seq_lens, row, j, p.qs, p.max_pages),
+                                 w.pages, w.offsets, w.count, threadIdx.x);
   }
 }
 
@@ -178,9 +175,11 @@ __device__ __forceinline__ void SelectQuery(topk::Storage<kThreads>& s, topk::So
   topk::SelectRow<kThreads, kBarrier>(s, sort, slice, o, topk, /*ranks=*/1, /*rank=*/0, tid);
 }
 
-// The row's selects after its last page: every query that needs scores, from row_keys (query j at
-// j x key_stride); side by side, a group whose query needs none writes it instead. The queries'
-// lengths come from shared memory (the page loop's registers are all taken). Ends with a barrier.
+// The row's queries after its last page: each query that needs scores selected from row_keys
+// (query j at j x key_stride), each that needs none written in position order (WriteWholeRow, into
+// buffers of its own), by the whole CTA one query after the other or side by side by the query's
+// group. The queries' lengths come from shared memory (the page loop's registers are all taken).
+// Ends with a barrier.
 template <int kHeads, int kQueries>
 __device__ __forceinline__ void SelectRowQueries(const FusedParams& fp, FusedSmem<kHeads, kQueries>& smem,
                                                  uint32_t* row_keys, int64_t row) {
@@ -201,20 +200,26 @@ __device__ __forceinline__ void SelectRowQueries(const FusedParams& fp, FusedSme
   };
   FusedSelect<kQueries>& sel = smem.select;
   if (kQueries == 1 || p.sorted) {
+    topk::Storage<kFusedThreads>& storage = [&]() -> topk::Storage<kFusedThreads>& {
+      if constexpr (LoopBins<kQueries>::kOn) {
+        return smem.loop_bins.storage;
+      } else {
+        return sel.serial.storage;
+      }
+    }();
     bool first = true;
 #pragma unroll 1
     for (int j = 0; j < kQueries; ++j) {
       const int32_t n = length(j);
-      if (!ScoresNeeded(n, p.topk, p.sorted)) continue;
+      if (!ScoresNeeded(n, p.topk, p.sorted)) {
+        WholeRowScratch& w = smem.whole_rows[j];
+        WriteWholeRow<kFusedThreads>(p, row * kQueries + j, row, n, w.pages, w.offsets, w.count, tid);
+        continue;
+      }
       if (!first) __syncthreads();  // the previous select's reads of the storage are done
       first = false;
-      if constexpr (LoopBins<kQueries>::kOn) {
-        SelectQuery<kFusedThreads, 0, true>(smem.loop_bins.storage, &sel.serial.sort, row_keys + j * fp.key_stride, n,
-                                            output(j, sel.serial.sort.words), topk, tid);
-      } else {
-        SelectQuery<kFusedThreads, 0, false>(sel.serial.storage, &sel.serial.sort, row_keys + j * fp.key_stride, n,
-                                             output(j, sel.serial.sort.words), topk, tid);
-      }
+      SelectQuery<kFusedThreads, 0, LoopBins<kQueries>::kOn>(storage, &sel.serial.sort, row_keys + j * fp.key_stride,
+                                                             n, output(j, sel.serial.sort.words), topk, tid);
     }
   } else {
     constexpr int kGroupThreads = kFusedGroupThreads<kQueries>;
@@ -256,12 +261,6 @@ __device__ __noinline__ void FusedTail(const FusedParams& fp) {
   uint32_t* row_keys = reinterpret_cast<uint32_t*>(base + FusedKeysOffset<kHeads, kQueries>());
   const int64_t row = blockIdx.x;
   SelectRowQueries(fp, smem, row_keys, row);
-  // Side by side, each group wrote its own unscored query. The serial path has none today (N = 1
-  // reaches the tail only when its query needs scores; sorted output scores every query): kept so
-  // that no row is left unwritten should ScoresNeeded change.
-  if (kQueries == 1 || fp.select.sorted) {
-    WriteUnscoredQueries(fp.select, row, smem, [&](int j) { return smem.query_lengths[j]; });
-  }
 }
 
 template <int kHeads, int kQueries>
@@ -297,7 +296,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     pages = max(pages, (written[j] + kPageTokens - 1) / kPageTokens);  // <= key_stride / 64 (host: table width)
   }
   if (scored == 0) {
-    WriteUnscoredQueries(p, row, smem, [&](int j) { return QueryLength(p.seq_lens, row, j, p.qs, p.max_pages); });
+    WriteUnscoredRow(p, row, smem);
     return;
   }
   const int32_t* table = p.block_table + row * p.max_pages;
