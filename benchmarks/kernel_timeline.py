@@ -12,10 +12,14 @@ scoring kernel, and, once, the event-bracketed time of a graph holding a single 
 floor of the event method). Medians over `--replays` calls. "ends X after score" is the split
 path's tail: from the scoring kernel's end (its last page's keys written) to the select's last id.
 A workload on the fused path (one FusedRowsKernel per call, W5) prints the kernel's duration and
-its select tail from the kernel's own stamps (ffi_dsa.cuda_options stamp_fused_tail: the global
-timer when each row's last page is scored and when its last id is written): "tail" is the call's
-last write after its last page (max done - max scored over the rows), "per row" the median row's
-own (from SM cycles), both medians over the replays.
+its select tail from the kernel's own stamps (ffi_dsa.cuda_options stamp_select: the global timer
+when each query row's select may start, its row's last page scored, and when its last id is
+written): "tail" is the call's last write after its last page (max done - max start over the
+selects), "per row" the median select's own (from SM cycles), both medians over the replays.
+On either path a second line gives the phases of the select that ends last in each call (the
+call's critical one), from the same stamps in SM cycles, medians over the replays: on the split
+path "from its start" counts from the moment the scoring kernel's keys are readable to the CTA
+(so the kernel boundary is the tail "after score" less this), "binned" includes the staging.
 `--queries N` times N query tokens per row; `--floor` adds a second line per workload with the
 select stopped once its keys are staged and binned (ffi_dsa.cuda_options select_floor: nothing is
 written), the split path's fixed cost.
@@ -32,7 +36,7 @@ import tempfile
 import torch
 
 import ffi_dsa  # noqa: E402
-from ffi_dsa.cuda_options import fused_tail_stamps, using_cuda_options  # noqa: E402
+from ffi_dsa.cuda_options import select_stamps, using_cuda_options  # noqa: E402
 from bench_gpu import Clock, _clock_hz, capture_graphs, rotating_sets, workloads  # noqa: E402
 
 MB = 1 << 20
@@ -72,20 +76,32 @@ def kernel_records(fns) -> list[dict]:
     return sorted(kernels, key=lambda e: e["ts"])
 
 
-def fused_tail(graphs, rows: int, replays: int) -> tuple[float, float]:
-    """The fused path's tail in µs from the kernel's stamps: the median over `replays` calls of the
-    call's last write after its last page, and of the median row's own tail (SM cycles)."""
+PHASES = ["binned", "threshold", "members", "resolve", "emit"]
+MAX_STAMP_SLOTS = 4096  # cuda/include/ffi_dsa/impls/sm90_select_stamps.cuh: kMaxSelectStampSlots
+
+
+def stamped_selects(graphs, slots: int, replays: int) -> tuple[float, float, dict[str, float]]:
+    """From the select stamps of `replays` stamped calls: the median call's last write after its
+    last select's start (µs, global timer), the median select's own time (µs, SM cycles), and the
+    phases of each call's last-ending select (µs, medians over the calls)."""
     device = torch.cuda.current_device()
     hz = _clock_hz()
-    call_tails, row_tails = [], []
+    call_tails, own, phases = [], [], {name: [] for name in PHASES + ["select"]}
     for i in range(replays):
         graphs[i % len(graphs)].replay()
-        stamps = [s for s in fused_tail_stamps(device, rows) if s is not None]
+        stamps = [s for s in select_stamps(device, slots) if s is not None and s.done_ns]
         if not stamps:
             continue
-        call_tails.append((max(d for _, d, _ in stamps) - max(c for c, _, _ in stamps)) / 1e3)
-        row_tails.append(median([cycles / hz * 1e6 for _, _, cycles in stamps]))
-    return median(call_tails), median(row_tails)
+        call_tails.append((max(s.done_ns for s in stamps) - max(s.start_ns for s in stamps)) / 1e3)
+        own.append(median([(s.done - s.start) / hz * 1e6 for s in stamps]))
+        for name, cycles in max(stamps, key=lambda s: s.done_ns).phases().items():
+            phases[name].append(cycles / hz * 1e6)
+    return median(call_tails), median(own), {name: median(v) for name, v in phases.items()}
+
+
+def phase_line(name: str, phases: dict[str, float]) -> str:
+    parts = " | ".join(f"{p} {phases[p]:5.2f}" for p in PHASES)
+    return f"{name:3s} the last select's phases, us: {parts} | from its start {phases['select']:5.2f}"
 
 
 def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, queries: int | None = None) -> str:
@@ -103,14 +119,15 @@ def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, q
     event_us = median(clock.time_each(fns, head_start_s=5e-3)) * 1e6
     ks = kernel_records(fns)
     fused = [e["dur"] for e in ks if "Fused" in e["name"]]
+    # Every select's slot: rank x query rows + query row, ranks up to the largest cluster (16).
+    slots = min(MAX_STAMP_SLOTS, len(spec["lens"]) * (queries or 1) * (1 if fused else 16))
+    select_stamps(torch.cuda.current_device(), slots)  # the stamp buffer exists before any capture
+    with using_cuda_options(stamp_select=True):  # a stamped graph stamps on every replay
+        stamped = capture_graphs(make_call, rot.sets, pool=torch.cuda.graph_pool_handle())
+    call_tail, own, phases = stamped_selects(stamped, slots, replays)
     if fused:
-        rows = len(spec["lens"])
-        fused_tail_stamps(torch.cuda.current_device(), rows)  # the stamp buffer exists before any capture
-        with using_cuda_options(stamp_fused_tail=True):  # a stamped graph stamps on every replay
-            stamped = capture_graphs(make_call, rot.sets, pool=torch.cuda.graph_pool_handle())
-        call_tail, row_tail = fused_tail(stamped, rows, replays)
         return (f"{name:3s} events {event_us:6.2f} us | fused {median(fused):6.2f} (n={len(fused)}) | select tail "
-                f"{call_tail:5.2f} after the last page (per row {row_tail:5.2f})")
+                f"{call_tail:5.2f} after the last page (per row {own:5.2f})\n" + phase_line(name, phases))
     score = [e["dur"] for e in ks if "Score" in e["name"]]
     select = [e["dur"] for e in ks if "Select" in e["name"]]
     select_after, next_call = [], []
@@ -122,7 +139,7 @@ def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, q
             next_call.append(b["ts"] - end_a)
     return (f"{name:3s} events {event_us:6.2f} us | score {median(score):6.2f} (n={len(score)}) | select "
             f"{median(select):6.2f}, ends {median(select_after):6.2f} after score | select -> next call "
-            f"{median(next_call):5.2f}")
+            f"{median(next_call):5.2f}\n" + phase_line(name, phases))
 
 
 def main(argv=None) -> int:

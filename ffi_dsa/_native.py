@@ -57,12 +57,12 @@ class CudaFunctions(NamedTuple):
 
     topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool, int], None]
     prefill_topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]
-    # (fused, pdl, max_select_cluster, select_floor, stamp_fused_tail), -1 = unchanged
+    # (fused, pdl, max_select_cluster, select_floor, stamp_select), -1 = unchanged
     # -> the previous settings (launch/tuning.h)
     set_cuda_options: Callable[[int, int, int, int, int], Mapping[str, int]]
     cuda_options: Callable[[], Mapping[str, int]]
-    # (device, rows, clear) -> 4 words a row of the fused path's tail stamps (launch/sm90_tail_stamps.h)
-    fused_tail_stamps: Callable[[int, int, bool], Sequence[int]]
+    # (device, slots, clear) -> the select stamps' words (impls/sm90_select_stamps.cuh)
+    select_stamps: Callable[[int, int, bool], Sequence[int]]
 
 
 SCHEMAS = {
@@ -88,7 +88,7 @@ SCHEMAS = {
         "prefill_topk_indexer": _PREFILL,
         "set_cuda_options": "Callable[[int, int, int, int, int], Map[str, int]]",
         "cuda_options": "Callable[[], Map[str, int]]",
-        "fused_tail_stamps": "Callable[[int, int, bool], Array[int]]",
+        "select_stamps": "Callable[[int, int, bool], Array[int]]",
     },
 }
 

@@ -14,10 +14,12 @@ them is a tuning knob for users:
   ``SelectRowsKernel`` stops once it has staged and binned its keys and writes no output, so
   ``benchmarks/kernel_timeline.py --floor`` can time the split path's fixed cost (the kernel
   boundary and the staging) apart from the select's work. Never for results.
-* ``stamp_fused_tail``: a measuring instrument that changes no output: each ``FusedRowsKernel`` CTA
-  stamps the GPU's global timer when its row's last page is scored and when its last id is
-  written; :func:`fused_tail_stamps` reads them (``benchmarks/kernel_timeline.py``: the fused
-  path's select tail).
+* ``stamp_select``: a measuring instrument that changes no output: each select (a query row's on
+  the fused path, after its row's last page; each ``SelectRowsKernel`` CTA's on the split path,
+  once the scoring kernel's keys are readable) stamps the GPU's global timer when it may start and
+  when its last id is written, and the SM's cycle counter at the end of each phase;
+  :func:`select_stamps` reads them (``benchmarks/kernel_timeline.py``: the fused path's select
+  tail, and both paths' phases).
 
 The settings live in the CUDA module (cuda/include/ffi_dsa/launch/tuning.h), which is loaded (and,
 without a prebuilt one, compiled) on first use.
@@ -26,6 +28,7 @@ without a prebuilt one, compiled) on first use.
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 from . import _ffi_api
 
@@ -42,36 +45,62 @@ def _flag(name: str, value) -> int:
 
 def set_cuda_options(*, fused: bool | None = None, pdl: bool | None = None,
                      max_select_cluster: int | None = None, select_floor: bool | None = None,
-                     stamp_fused_tail: bool | None = None) -> dict:
+                     stamp_select: bool | None = None) -> dict:
     """Set the options given (None leaves one as it is) and return all of them as they were before,
     to restore with ``set_cuda_options(**previous)``. ValueError (and no change) for a value the
     kernels do not support."""
     cluster = _UNCHANGED if max_select_cluster is None else int(max_select_cluster)
     previous = _ffi_api.cuda().set_cuda_options(_flag("fused", fused), _flag("pdl", pdl), cluster,
                                                 _flag("select_floor", select_floor),
-                                                _flag("stamp_fused_tail", stamp_fused_tail))
+                                                _flag("stamp_select", stamp_select))
     return _as_options(previous)
 
 
 def cuda_options() -> dict:
     """The options the next CUDA call uses: ``{"fused": bool, "pdl": bool, "max_select_cluster": int,
-    "select_floor": bool, "stamp_fused_tail": bool}``."""
+    "select_floor": bool, "stamp_select": bool}``."""
     return _as_options(_ffi_api.cuda().cuda_options())
 
 
-def fused_tail_stamps(device: int, rows: int, *, clear: bool = True) -> list[tuple[int, int, int] | None]:
-    """The ``stamp_fused_tail`` stamps of rows ``0 .. rows - 1`` written by the fused calls on CUDA
-    device ``device`` so far, as ``(scored_ns, done_ns, cycles)`` per row, or ``None`` for a row no
-    stamped call wrote: the global timer (ns) when the row's last page was scored and when its last
-    id was written, and the SM cycles between the two. Synchronizes the device; ``clear`` zeroes the
+class SelectStamps(NamedTuple):
+    """One select's stamps (cuda/include/ffi_dsa/impls/sm90_select_stamps.cuh): the global timer
+    (ns) when it may start and when its last id is written, and the SM's cycle counter at the start
+    and at the end of each phase. A phase a select did not reach (``select_floor``) is 0."""
+
+    start_ns: int
+    done_ns: int
+    start: int       # cycles: the select may start
+    binned: int      # the histogram complete (the split path: the keys staged too)
+    threshold: int   # the threshold bin found
+    members: int     # the member pass and the totals
+    resolved: int    # the cut decided
+    done: int        # the last id written
+
+    def phases(self) -> dict[str, int]:
+        """Each phase's cycles (binned, threshold, members, resolve, emit) and the whole select's."""
+        marks = [self.start, self.binned, self.threshold, self.members, self.resolved, self.done]
+        names = ["binned", "threshold", "members", "resolve", "emit"]
+        out = {name: marks[i + 1] - marks[i] for i, name in enumerate(names)}
+        out["select"] = self.done - self.start
+        return out
+
+
+def select_stamps(device: int, slots: int, *, clear: bool = True) -> list[SelectStamps | None]:
+    """The ``stamp_select`` stamps of slots ``0 .. slots - 1`` written on CUDA device ``device`` so
+    far, or ``None`` for a slot no stamped select started. Slot ``rank * query_rows + query_row``:
+    the query row's select (``b * N + j``), by the CTA of that rank in the row's cluster on the split
+    path (rank 0 alone for a row selected by one CTA; always 0 on the fused path). A query row that
+    needs no scores has no select and no stamps. Synchronizes the device; ``clear`` zeroes the
     stamps afterwards. Call it once before capturing stamped calls in a CUDA graph: the first call
     allocates the device's stamp buffer, which a capture cannot."""
-    words = list(_ffi_api.cuda().fused_tail_stamps(int(device), int(rows), bool(clear)))
-    per_row = len(words) // rows if rows else 0  # the module's words a row: (scored, done, cycles, written)
+    words = list(_ffi_api.cuda().select_stamps(int(device), int(slots), bool(clear)))
+    per_slot = len(SelectStamps._fields)
+    if len(words) != slots * per_slot:
+        raise RuntimeError(f"internal: {len(words)} stamp words for {slots} slots of {per_slot}")
     out = []
-    for r in range(rows):
-        scored, done, cycles, written = words[r * per_row:r * per_row + 4]
-        out.append((scored, done, cycles) if written else None)
+    for i in range(slots):
+        stamp = SelectStamps(*words[i * per_slot:(i + 1) * per_slot])
+        out.append(stamp if stamp.start_ns else None)
     return out
 
 
@@ -89,4 +118,4 @@ def using_cuda_options(**options):
 def _as_options(native) -> dict:
     return {"fused": bool(native["fused"]), "pdl": bool(native["pdl"]),
             "max_select_cluster": int(native["max_select_cluster"]), "select_floor": bool(native["select_floor"]),
-            "stamp_fused_tail": bool(native["stamp_fused_tail"])}
+            "stamp_select": bool(native["stamp_select"])}

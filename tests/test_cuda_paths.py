@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ffi_dsa.cuda_options import cuda_options, fused_tail_stamps, set_cuda_options, using_cuda_options
+from ffi_dsa.cuda_options import cuda_options, select_stamps, set_cuda_options, using_cuda_options
 from ffi_dsa.workloads import make_batch
 
 from conftest import assert_valid_topk, make_exact_batch, run_dps
@@ -17,7 +17,7 @@ from mtp_batches import Form, mtp_batch
 
 pytestmark = pytest.mark.cuda
 
-DEFAULTS = {"fused": True, "pdl": True, "max_select_cluster": 16, "select_floor": False, "stamp_fused_tail": False}
+DEFAULTS = {"fused": True, "pdl": True, "max_select_cluster": 16, "select_floor": False, "stamp_select": False}
 
 
 @pytest.fixture(autouse=True)
@@ -83,25 +83,67 @@ def test_split_path_gives_the_fused_bytes(make, sorted_):
         assert_valid_topk(fused, batch, sorted=sorted_)
 
 
+def _stamped(args, slots: int, sorted_: bool = False) -> tuple[np.ndarray, list]:
+    """One call with stamp_select on, its output and the stamps of `slots` slots; the stamps are
+    cleared before (nothing left from earlier calls) and by the read."""
+    select_stamps(0, slots, clear=True)  # allocates the buffer, forgets earlier calls
+    assert select_stamps(0, slots) == [None] * slots
+    with using_cuda_options(stamp_select=True):
+        out = run_dps(args, sorted=sorted_)
+    stamps = select_stamps(0, slots)
+    assert select_stamps(0, slots) == [None] * slots  # cleared by the read
+    return out, stamps
+
+
+def _assert_ordered(stamp) -> None:
+    assert stamp.done_ns >= stamp.start_ns > 0
+    marks = [stamp.start, stamp.binned, stamp.threshold, stamp.members, stamp.resolved, stamp.done]
+    assert all(m > 0 for m in marks) and marks == sorted(marks), stamp
+    assert all(v >= 0 for v in stamp.phases().values())
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "split"])
 @pytest.mark.parametrize("queries", [1, 2])
-def test_fused_tail_stamps_time_every_row_and_change_no_byte(queries):
-    """stamp_fused_tail: every row of a stamped fused call gets (scored, done, cycles) with the last
-    write after the last page, the outputs stay the same bytes, and unstamped calls stamp nothing."""
+def test_select_stamps_time_every_select_and_change_no_byte(queries, fused):
+    """stamp_select: every query row that needs scores gets one select's stamps (rank 0's slot), in
+    phase order; a query row that needs none (<= K tokens) gets none; the outputs stay the same
+    bytes; unstamped calls stamp nothing."""
     rows = fused_batch_size()
-    batch = mtp_batch(Form(queries, 64), np.random.default_rng(306).integers(3000, 7000, size=rows), seed=306)
+    lens = np.random.default_rng(306).integers(2500, 7000, size=rows)
+    lens[:3] = [100, 2048, 2049]
+    batch = mtp_batch(Form(queries, 64, per_query_lens=True), lens, seed=306)
     args = batch.to_torch("cuda")
-    want = run_dps(args)
-    fused_tail_stamps(0, rows, clear=True)  # allocates the buffer, forgets earlier calls
-    assert fused_tail_stamps(0, rows) == [None] * rows
-    with using_cuda_options(stamp_fused_tail=True):
-        got = run_dps(args)
+    with using_cuda_options(fused=fused):
+        assert ("FusedRowsKernel" in kernels_run(args)) == fused
+        want = run_dps(args)
+        got, stamps = _stamped(args, rows * queries)
+        np.testing.assert_array_equal(got, want)
+        needs_scores = batch.seq_lens.reshape(-1) > 2048  # per query row, b * N + j
+        assert needs_scores.any() and not needs_scores.all()
+        assert [s is not None for s in stamps] == needs_scores.tolist()
+        for stamp in stamps:
+            if stamp is not None:
+                _assert_ordered(stamp)
+        run_dps(args)
+        assert select_stamps(0, rows * queries) == [None] * rows * queries  # off again: nothing stamped
+
+
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+def test_select_stamps_of_a_cluster_every_rank(sorted_):
+    """The split path's clusters: a row longer than one CTA's slice stamps the slot of each CTA of its
+    cluster (rank r: slot r x query rows + row); a row one CTA selects stamps rank 0's alone."""
+    batch = make_batch([70000, 20000, 5000, 1000], seed=307)
+    args = batch.to_torch("cuda")
+    rows = 4
+    want = run_dps(args, sorted=sorted_)
+    got, stamps = _stamped(args, 16 * rows, sorted_)
     np.testing.assert_array_equal(got, want)
-    stamps = fused_tail_stamps(0, rows)
-    assert all(s is not None for s in stamps)
-    assert all(done >= scored > 0 and cycles > 0 for scored, done, cycles in stamps)
-    assert fused_tail_stamps(0, rows) == [None] * rows  # cleared by the read
-    run_dps(args)
-    assert fused_tail_stamps(0, rows) == [None] * rows  # off again: nothing stamped
+    assert [stamps[r] is not None for r in range(rows)] == [True, True, True, sorted_]  # 1000 <= K: unscored unless sorted
+    assert stamps[rows + 0] is not None and stamps[rows + 1] is not None  # rank 1 of the two long rows
+    assert all(stamps[r * rows + 2] is None and stamps[r * rows + 3] is None for r in range(1, 16))
+    for stamp in stamps:
+        if stamp is not None:
+            _assert_ordered(stamp)
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "split"])
@@ -134,7 +176,7 @@ def test_options_round_trip_and_restore():
     previous = set_cuda_options(fused=False, max_select_cluster=4)
     assert previous == DEFAULTS
     assert cuda_options() == {"fused": False, "pdl": True, "max_select_cluster": 4, "select_floor": False,
-                             "stamp_fused_tail": False}
+                             "stamp_select": False}
     set_cuda_options(**previous)
     with pytest.raises(RuntimeError, match="inside"):
         with using_cuda_options(pdl=False):

@@ -98,26 +98,26 @@ const DeviceFacts& DecodeDeviceFacts(int device) {
 
 }  // namespace
 
-unsigned long long* FusedTailStampBuffer(int device) {
+unsigned long long* SelectStampBuffer(int device) {
   return OncePerDevice<unsigned long long*>(device, [](int) {
     unsigned long long* buffer = nullptr;
-    const size_t bytes = size_t(kMaxTailStampCtas) * kTailStampWords * sizeof(unsigned long long);
+    const size_t bytes = size_t(kMaxSelectStampSlots) * kSelectStampWords * sizeof(unsigned long long);
     TVM_FFI_CHECK_CUDA_ERROR(cudaMalloc(&buffer, bytes));
     TVM_FFI_CHECK_CUDA_ERROR(cudaMemset(buffer, 0, bytes));
     return buffer;
   });
 }
 
-std::vector<int64_t> ReadFusedTailStamps(int device, int64_t rows, bool clear) {
-  if (rows < 0 || rows > kMaxTailStampCtas) {
-    TVM_FFI_THROW(ValueError) << "rows must be in [0, " << kMaxTailStampCtas << "], got " << rows;
+std::vector<int64_t> ReadSelectStamps(int device, int64_t slots, bool clear) {
+  if (slots < 0 || slots > kMaxSelectStampSlots) {
+    TVM_FFI_THROW(ValueError) << "slots must be in [0, " << kMaxSelectStampSlots << "], got " << slots;
   }
   int current = 0;
   TVM_FFI_CHECK_CUDA_ERROR(cudaGetDevice(&current));
   TVM_FFI_CHECK_CUDA_ERROR(cudaSetDevice(device));
-  unsigned long long* buffer = FusedTailStampBuffer(device);
-  // Read as int64: every stamp (ns since the timer's epoch, cycles, 0 or 1) is below 2^63.
-  std::vector<int64_t> words(static_cast<size_t>(rows) * kTailStampWords);
+  unsigned long long* buffer = SelectStampBuffer(device);
+  // Read as int64: every stamp (ns since the timer's epoch, the SM's cycle count) is below 2^63.
+  std::vector<int64_t> words(static_cast<size_t>(slots) * kSelectStampWords);
   const size_t bytes = words.size() * sizeof(int64_t);
   TVM_FFI_CHECK_CUDA_ERROR(cudaDeviceSynchronize());
   TVM_FFI_CHECK_CUDA_ERROR(cudaMemcpy(words.data(), buffer, bytes, cudaMemcpyDeviceToHost));

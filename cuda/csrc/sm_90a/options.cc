@@ -1,6 +1,6 @@
 // The run-time knobs of the sm90 kernels (launch/tuning.h), exported as the CUDA module's
-// set_cuda_options / cuda_options (ffi_dsa.cuda_options), and fused_tail_stamps, the reader of the
-// stamp_fused_tail instrument (launch/sm90_tail_stamps.h). An arch with knobs of its own would add
+// set_cuda_options / cuda_options (ffi_dsa.cuda_options), and select_stamps, the reader of the
+// stamp_select instrument (launch/sm90_select_stamps.h). An arch with knobs of its own would add
 // them to these maps.
 #define TVM_FFI_DLL_EXPORT_INCLUDE_METADATA 1
 #include <tvm/ffi/container/array.h>
@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "ffi_dsa/launch/sm90_tail_stamps.h"
+#include "ffi_dsa/launch/sm90_select_stamps.h"
 #include "ffi_dsa/launch/tuning.h"
 
 namespace {
@@ -25,16 +25,16 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> TuningAsMap(const sm90::Tuning& t) {
           {"pdl", t.programmatic_launch},
           {"max_select_cluster", t.max_select_cluster},
           {"select_floor", t.select_floor},
-          {"stamp_fused_tail", t.stamp_fused_tail}};
+          {"stamp_select", t.stamp_select}};
 }
 
 // The knobs for later calls; -1 leaves one as it is. Returns the settings it replaced.
 tvm::ffi::Map<tvm::ffi::String, int64_t> SetCudaOptions(int64_t fused, int64_t pdl, int64_t max_select_cluster,
-                                                          int64_t select_floor, int64_t stamp_fused_tail) {
+                                                          int64_t select_floor, int64_t stamp_select) {
   for (const auto& [name, value] : {std::pair<const char*, int64_t>{"fused", fused},
                                     {"pdl", pdl},
                                     {"select_floor", select_floor},
-                                    {"stamp_fused_tail", stamp_fused_tail}}) {
+                                    {"stamp_select", stamp_select}}) {
     if (value != -1 && value != 0 && value != 1) {
       TVM_FFI_THROW(ValueError) << name << " must be True or False, got " << value;
     }
@@ -48,19 +48,18 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> SetCudaOptions(int64_t fused, int64_t p
   if (pdl != -1) next.programmatic_launch = pdl == 1;
   if (max_select_cluster != -1) next.max_select_cluster = static_cast<int>(max_select_cluster);
   if (select_floor != -1) next.select_floor = select_floor == 1;
-  if (stamp_fused_tail != -1) next.stamp_fused_tail = stamp_fused_tail == 1;
+  if (stamp_select != -1) next.stamp_select = stamp_select == 1;
   sm90::SetTuning(next);
   return TuningAsMap(previous);
 }
 
 tvm::ffi::Map<tvm::ffi::String, int64_t> CudaOptions() { return TuningAsMap(sm90::CurrentTuning()); }
 
-// The tail stamps of the first `rows` rows of the fused calls on `device` so far (4 words a row:
-// the global timer in ns when the row's last page was scored and when its last id was written, the
-// SM cycles between them, and 1 once written; zeros for a row no stamped call wrote); `clear`
+// The stamps of the first `slots` select slots of the calls on `device` so far (kSelectStampWords
+// words a slot, impls/sm90_select_stamps.cuh; zeros for a slot no stamped select wrote); `clear`
 // zeroes them after the read. Synchronizes the device.
-tvm::ffi::Array<int64_t> FusedTailStamps(int64_t device, int64_t rows, bool clear) {
-  const std::vector<int64_t> words = sm90::ReadFusedTailStamps(static_cast<int>(device), rows, clear);
+tvm::ffi::Array<int64_t> SelectStamps(int64_t device, int64_t slots, bool clear) {
+  const std::vector<int64_t> words = sm90::ReadSelectStamps(static_cast<int>(device), slots, clear);
   return tvm::ffi::Array<int64_t>(words.begin(), words.end());
 }
 
@@ -68,4 +67,4 @@ tvm::ffi::Array<int64_t> FusedTailStamps(int64_t device, int64_t rows, bool clea
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(set_cuda_options, SetCudaOptions);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cuda_options, CudaOptions);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_tail_stamps, FusedTailStamps);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(select_stamps, SelectStamps);

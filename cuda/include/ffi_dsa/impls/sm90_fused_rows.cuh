@@ -46,8 +46,6 @@ struct FusedParams {
   const float* weights;   // [B * N, H]
   uint32_t key_stride;    // keys of one query in shared memory: FusedKeyStride of the table's width
   SelectParams select;    // keys and staged_capacity unused: the row's keys never leave shared memory
-  // launch/tuning.h stamp_fused_tail: per CTA, kTailStampWords words (launch/sm90_tail_stamps.h), or null.
-  unsigned long long* tail_stamps;
 };
 
 // Every thread scores, then selects.
@@ -73,11 +71,6 @@ constexpr uint32_t kFusedKeyAlign = topk::Shape<kFusedThreads>::kTileKeys;
 __host__ __device__ constexpr uint32_t FusedKeyStride(uint32_t table_tokens) {
   return (table_tokens + kFusedKeyAlign - 1) / kFusedKeyAlign * kFusedKeyAlign;
 }
-
-// The tail stamps of a CTA: the %globaltimer when its last page's keys are in shared memory and
-// when its last id is written, and the SM cycles between the two (kernel_timeline.py reads them).
-constexpr int kTailStampWords = 4;
-constexpr int kMaxTailStampCtas = 4096;
 
 template <int kHeads, int kQueries>
 struct alignas(1024) FusedRing {
@@ -158,7 +151,7 @@ __device__ __forceinline__ void WriteUnscoredRow(const SelectParams& p, int64_t 
 template <int kThreads, int kBarrier, bool kBinned>
 __device__ __forceinline__ void SelectQuery(topk::Storage<kThreads>& s, topk::SortStorage<kThreads>* sort,
                                             uint32_t* keys, int32_t length, const topk::RowOutput& o, uint32_t topk,
-                                            int tid) {
+                                            unsigned long long* stamps, int tid) {
   const topk::SliceKeys slice{keys, nullptr, static_cast<uint32_t>(length)};
   const uint32_t tiles = topk::Tiles<kThreads>(slice);
   const uint32_t written = (static_cast<uint32_t>(length) + 3) / 4 * 4;
@@ -171,6 +164,10 @@ __device__ __forceinline__ void SelectQuery(topk::Storage<kThreads>& s, topk::So
   if constexpr (!kBinned) {
     topk::ForEachQuad<kThreads>(slice, 0, tiles, tid, [&](uint32_t, uint32_t, const uint4& q) { topk::CountQuad(s, q); });
     topk::GroupSync<kThreads, kBarrier>();  // the histogram
+  }
+  if (tid == 0) {
+    s.stamps = stamps;
+    StampAt(stamps, kStampBinnedCycles);
   }
   topk::SelectRow<kThreads, kBarrier>(s, sort, slice, o, topk, /*ranks=*/1, /*rank=*/0, tid);
 }
@@ -219,7 +216,8 @@ __device__ __forceinline__ void SelectRowQueries(const FusedParams& fp, FusedSme
       if (!first) __syncthreads();  // the previous select's reads of the storage are done
       first = false;
       SelectQuery<kFusedThreads, 0, LoopBins<kQueries>::kOn>(storage, &sel.serial.sort, row_keys + j * fp.key_stride,
-                                                             n, output(j, sel.serial.sort.words), topk, tid);
+                                                             n, output(j, sel.serial.sort.words), topk,
+                                                             StampSlot(p.stamps, row * kQueries + j), tid);
     }
   } else {
     constexpr int kGroupThreads = kFusedGroupThreads<kQueries>;
@@ -231,7 +229,8 @@ __device__ __forceinline__ void SelectRowQueries(const FusedParams& fp, FusedSme
           const int32_t n = length(j);
           if (ScoresNeeded(n, p.topk, p.sorted)) {
             SelectQuery<kGroupThreads, 1 + j, false>(sel.groups[j], nullptr, row_keys + j * fp.key_stride, n,
-                                              output(j, nullptr), topk, tid % kGroupThreads);
+                                                     output(j, nullptr), topk, StampSlot(p.stamps, row * kQueries + j),
+                                                     tid % kGroupThreads);
           } else {
             // In the group, not after the CTA's barrier: the groups pass different numbers of
             // their own barriers, and compute-sanitizer's racecheck then takes shared memory
@@ -427,8 +426,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     if (i + kMathWarpgroups < row_pages_count) score_page(i + kMathWarpgroups, wg + kMathWarpgroups, phase);
   }
   __syncthreads();  // the row's keys are in shared memory, the ring is idle
-  uint64_t scored_ns = 0, scored_cycles = 0;
-  if (fp.tail_stamps != nullptr && tid == 0) scored_ns = GlobalTimerNs(), scored_cycles = clock64();
+  if (p.stamps != nullptr && tid == 0) {  // every select of the row may start now (from shared memory:
+#pragma unroll                             // nothing of it stays live through the page loop)
+    for (int j = 0; j < kQueries; ++j) {
+      if (ScoresNeeded(smem.query_lengths[j], p.topk, p.sorted)) StampStart(StampSlot(p.stamps, row * kQueries + j));
+    }
+  }
   // The select's storage takes the ring's memory: its mbarriers are retired first.
   if (tid < kFusedStages) {
     MbarInval(&ring.full[tid]);
@@ -437,16 +440,6 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   if (tid == 0) MbarInval(&ring.q_full);
   __syncthreads();
   FusedTail<kHeads, kQueries>(fp);
-  if (fp.tail_stamps != nullptr) {
-    __syncthreads();  // every id of the row is written
-    if (tid == 0 && row < kMaxTailStampCtas) {
-      unsigned long long* stamp = fp.tail_stamps + row * kTailStampWords;
-      stamp[0] = scored_ns;
-      stamp[1] = GlobalTimerNs();
-      stamp[2] = clock64() - scored_cycles;
-      stamp[3] = 1;  // written by this call
-    }
-  }
 }
 
 }  // namespace ffi_dsa::sm90

@@ -31,6 +31,9 @@ struct SelectParams {
   // launch/tuning.h: select_floor (a benchmark's instrument: SelectRowsKernel stops after staging
   // and writes nothing).
   bool stop_after_staging;
+  // launch/tuning.h: stamp_select (a benchmark's instrument: each select stamps its phases into this
+  // buffer, impls/sm90_select_stamps.cuh), or null.
+  unsigned long long* stamps;
 };
 
 }  // namespace ffi_dsa::sm90

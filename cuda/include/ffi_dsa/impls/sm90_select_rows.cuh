@@ -82,6 +82,12 @@ __device__ __forceinline__ uint32_t ClusterIndex() {
   asm("mov.u32 %0, %%clusterid.x;" : "=r"(id));
   return id;
 }
+// The grid's clusters (the query rows of a SelectRowsKernel launch).
+__device__ __forceinline__ uint32_t ClusterCount() {
+  uint32_t n;
+  asm("mov.u32 %0, %%nclusterid.x;" : "=r"(n));
+  return n;
+}
 
 // A row that needs no scores (sm90_rows.cuh: ScoresNeeded), by one CTA of kThreads: every token on
 // a valid page, in position order, then -1. At most K tokens, so at most 32 pages: one warp scans
@@ -184,11 +190,14 @@ __global__ void __launch_bounds__(kSelectRowsThreads, 1) SelectRowsKernel(const 
       smem.slice_pages[i] = __ldcg(table + i);
     }
   }
+  if (tid == 0) s.stamps = StampSlot(p.stamps, int64_t(cluster_rank) * ClusterCount() + query_row);
   __syncthreads();  // the histogram's reset, slice_pages
   WaitForPrecedingGrid();  // ScorePagesKernel's keys
+  if (tid == 0) StampStart(s.stamps);
 
   StageAndCount(s, slice_keys, m, staged ? staged_keys : nullptr, tid);
   __syncthreads();
+  if (tid == 0) StampAt(s.stamps, kStampBinnedCycles);
   // A staged slice's workspace reads are behind us; a slice read from L2 lets the next kernel in
   // only by exiting.
   if (p.let_next_in && staged) AllowDependentLaunch();

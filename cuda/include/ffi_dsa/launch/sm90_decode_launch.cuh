@@ -16,7 +16,7 @@
 #include "ffi_dsa/launch/kernel_launch.cuh"
 #include "ffi_dsa/launch/sm90_decode_tensor_maps.h"
 #include "ffi_dsa/launch/sm90_device_facts.h"
-#include "ffi_dsa/launch/sm90_tail_stamps.h"
+#include "ffi_dsa/launch/sm90_select_stamps.h"
 #include "ffi_dsa/launch/sm90_workspace_bytes.h"
 #include "ffi_dsa/launch/tuning.h"
 #include "ffi_dsa/launch/workspace.h"
@@ -61,14 +61,13 @@ inline SelectParams SelectParamsOf(const IndexerArgs& a, const DecodeOptions& o,
 
 // The fused path: every row scored and selected by its own CTA, no workspace.
 template <int kHeads, int kQueries>
-void LaunchFused(const IndexerArgs& a, const SelectParams& sel, int64_t max_tokens, const Tuning& tuning,
-                 cudaStream_t stream, bool programmatic) {
+void LaunchFused(const IndexerArgs& a, const SelectParams& sel, int64_t max_tokens, cudaStream_t stream,
+                 bool programmatic) {
   FusedParams fp{};
   fp.k_cache = a.k_cache;
   fp.weights = a.weights;
   fp.key_stride = FusedKeyStride(static_cast<uint32_t>(max_tokens));
   fp.select = sel;
-  fp.tail_stamps = tuning.stamp_fused_tail ? FusedTailStampBuffer(a.device.device_id) : nullptr;
   Launch(static_cast<unsigned>(a.batch), kFusedThreads, FusedSmemBytes<kHeads, kQueries>(static_cast<uint32_t>(max_tokens)),
          stream, 0, programmatic)
       .Run(FusedRowsKernel<kHeads, kQueries>, KCacheTensorMap(a.k_cache, a.num_pages), QTensorMap(a), fp);
@@ -112,8 +111,9 @@ void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning
   const bool score = a.max_pages > 0 && ScoresNeeded(row_stride, static_cast<int32_t>(a.topk), sorted_by_score);
   const bool pdl = tuning.programmatic_launch;
   SelectParams sel = SelectParamsOf(a, o, pdl);
+  sel.stamps = tuning.stamp_select ? SelectStampBuffer(a.device.device_id) : nullptr;
   if (score && plan.fused) {
-    LaunchFused<kHeads, kQueries>(a, sel, max_tokens, tuning, stream, pdl);
+    LaunchFused<kHeads, kQueries>(a, sel, max_tokens, stream, pdl);
     return;
   }
   // The split path: ScorePagesKernel, then SelectRowsKernel selects each query row from its keys.

@@ -24,10 +24,11 @@ struct Tuning {
   // and writes no output, so a benchmark can time the split path's floor (the kernel boundary, the
   // staging) apart from the select's work. Every other knob gives the same bytes; this one gives none.
   bool select_floor = false;
-  // A measuring instrument that changes no output: each FusedRowsKernel CTA stamps the global timer
-  // when its last page's keys are in shared memory and when its last id is written, into a buffer
-  // of the module's (sm90_tail_stamps.h), so a benchmark can time the fused path's select tail.
-  bool stamp_fused_tail = false;
+  // A measuring instrument that changes no output: each select (the fused kernel's tail, or a
+  // SelectRowsKernel CTA) stamps the global timer when it may start and when its last id is
+  // written, and the SM's cycles at each phase's end, into a buffer of the module's
+  // (sm90_select_stamps.h), so a benchmark can time the select and its phases on either path.
+  bool stamp_select = false;
 };
 
 inline bool ValidSelectClusterCap(int cap) { return cap == 1 || cap == 2 || cap == 4 || cap == 8 || cap == 16; }
@@ -37,7 +38,7 @@ inline std::atomic<bool> fused{true};
 inline std::atomic<bool> programmatic_launch{true};
 inline std::atomic<int> max_select_cluster{kMaxSelectCluster};
 inline std::atomic<bool> select_floor{false};
-inline std::atomic<bool> stamp_fused_tail{false};
+inline std::atomic<bool> stamp_select{false};
 }  // namespace tuning_detail
 
 inline Tuning CurrentTuning() {
@@ -46,7 +47,7 @@ inline Tuning CurrentTuning() {
   t.programmatic_launch = tuning_detail::programmatic_launch.load(std::memory_order_relaxed);
   t.max_select_cluster = tuning_detail::max_select_cluster.load(std::memory_order_relaxed);
   t.select_floor = tuning_detail::select_floor.load(std::memory_order_relaxed);
-  t.stamp_fused_tail = tuning_detail::stamp_fused_tail.load(std::memory_order_relaxed);
+  t.stamp_select = tuning_detail::stamp_select.load(std::memory_order_relaxed);
   return t;
 }
 
@@ -56,7 +57,7 @@ inline void SetTuning(const Tuning& t) {
   tuning_detail::programmatic_launch.store(t.programmatic_launch, std::memory_order_relaxed);
   tuning_detail::max_select_cluster.store(t.max_select_cluster, std::memory_order_relaxed);
   tuning_detail::select_floor.store(t.select_floor, std::memory_order_relaxed);
-  tuning_detail::stamp_fused_tail.store(t.stamp_fused_tail, std::memory_order_relaxed);
+  tuning_detail::stamp_select.store(t.stamp_select, std::memory_order_relaxed);
 }
 
 // The device's select-cluster occupancy with the sizes above the cap taken away.

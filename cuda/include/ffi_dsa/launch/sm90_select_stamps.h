@@ -1,0 +1,19 @@
+// The select's phase stamps (launch/tuning.h: stamp_select), a benchmark's instrument: one buffer
+// per device, owned by the module, that the selects write (impls/sm90_select_stamps.cuh:
+// kSelectStampWords words a slot, kMaxSelectStampSlots slots) and the module's select_stamps reads
+// back. Defined in cuda/csrc/sm_90a/decode.cu.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace ffi_dsa::sm90 {
+
+// The device's stamp buffer, allocated and zeroed on first use (the device is current).
+unsigned long long* SelectStampBuffer(int device);
+
+// The first `slots` slots' words after the device's work so far; `clear` zeroes them afterwards,
+// so that the next read shows only what later calls wrote.
+std::vector<int64_t> ReadSelectStamps(int device, int64_t slots, bool clear);
+
+}  // namespace ffi_dsa::sm90
