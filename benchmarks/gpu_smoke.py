@@ -5,7 +5,8 @@ failure after seconds, not a call that runs out its whole limit with nothing sai
     python benchmarks/gpu_smoke.py [--device cuda|cpu] [--timeout S] [--cases a,b,...]
 
 A case is one path of the module: the fused kernel at N = 1, 2 and 4, sorted output, the split
-path for rows one CTA selects and for rows on a cluster (ffi_dsa.cuda_options). Its child makes one
+path for rows one CTA selects and for rows on a cluster, the select stamps on either path
+(ffi_dsa.cuda_options). Its child makes one
 batch of fresh random data and calls it twice into poisoned outputs (fuzz.py's Runner: on CUDA the
 repeat on a second stream); the two must be the same bytes and pass ``ffi_dsa.check_topk`` (the
 float64 reference, the contract's tolerance). A child still running at the time limit is killed
@@ -55,6 +56,8 @@ CASES = {
     "split_cluster": Case(CLUSTER_ROWS, options=SPLIT),
     "split_cluster_sorted": Case(CLUSTER_ROWS, sorted=True, options=SPLIT),
     "split_cluster_n2": Case(CLUSTER_ROWS, queries=2, options=SPLIT),
+    "stamps_fused_n2": Case(None, queries=2, options={"stamp_select": True}),
+    "stamps_split": Case(CLUSTER_ROWS, options={**SPLIT, "stamp_select": True}),
 }
 
 
@@ -80,8 +83,10 @@ def run_case(name: str, device: str, seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     batch = make_batch(row_lengths(case, device, rng), seed=seed, queries=case.queries, heads=case.heads)
     if device == "cuda":
-        from ffi_dsa.cuda_options import set_cuda_options
+        from ffi_dsa.cuda_options import select_stamps, set_cuda_options
 
+        if case.options.get("stamp_select"):
+            select_stamps(0, 1)  # the stamp buffer exists before a stamped call
         set_cuda_options(**case.options)
     first, repeat = Runner(device).run(batch.args(), batch.output_shape(DEFAULT_TOPK), case.sorted, {})
     problems = [] if np.array_equal(first, repeat) else ["the repeat wrote other bytes"]
