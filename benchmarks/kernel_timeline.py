@@ -83,19 +83,24 @@ MAX_STAMP_SLOTS = 4096  # cuda/include/ffi_dsa/impls/sm90_select_stamps.cuh: kMa
 def stamped_selects(graphs, slots: int, replays: int) -> tuple[float, float, dict[str, float]]:
     """From the select stamps of `replays` stamped calls: the median call's last write after its
     last select's start (µs, global timer), the median select's own time (µs, SM cycles), and the
-    phases of each call's last-ending select (µs, medians over the calls)."""
+    phases of each call's last-ending select (µs, medians over the calls). Under select_floor no
+    select ends: then only the staging ("binned") of the last select to start is reported."""
     device = torch.cuda.current_device()
     hz = _clock_hz()
     call_tails, own, phases = [], [], {name: [] for name in PHASES + ["select"]}
     for i in range(replays):
         graphs[i % len(graphs)].replay()
-        stamps = [s for s in select_stamps(device, slots) if s is not None and s.done_ns]
-        if not stamps:
-            continue
-        call_tails.append((max(s.done_ns for s in stamps) - max(s.start_ns for s in stamps)) / 1e3)
-        own.append(median([(s.done - s.start) / hz * 1e6 for s in stamps]))
-        for name, cycles in max(stamps, key=lambda s: s.done_ns).phases().items():
-            phases[name].append(cycles / hz * 1e6)
+        started = [s for s in select_stamps(device, slots) if s is not None]
+        done = [s for s in started if s.done_ns]
+        if done:
+            call_tails.append((max(s.done_ns for s in done) - max(s.start_ns for s in done)) / 1e3)
+            own.append(median([(s.done - s.start) / hz * 1e6 for s in done]))
+            for name, cycles in max(done, key=lambda s: s.done_ns).phases().items():
+                phases[name].append(cycles / hz * 1e6)
+        elif started:
+            last = max(started, key=lambda s: s.start_ns)
+            if last.binned:
+                phases["binned"].append((last.binned - last.start) / hz * 1e6)
     return median(call_tails), median(own), {name: median(v) for name, v in phases.items()}
 
 
@@ -104,7 +109,9 @@ def phase_line(name: str, phases: dict[str, float]) -> str:
     return f"{name:3s} the last select's phases, us: {parts} | from its start {phases['select']:5.2f}"
 
 
-def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, queries: int | None = None) -> str:
+def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, queries: int | None = None,
+             label: str = "") -> str:
+    """Two lines: the kernels' times (`label` at its end), then the last select's phases."""
     rot = rotating_sets(spec["lens"], "cuda", 256 * MB, seed=11, max_sets=max_sets, queries=queries)
 
     def make_call(i):
@@ -127,7 +134,7 @@ def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, q
     call_tail, own, phases = stamped_selects(stamped, slots, replays)
     if fused:
         return (f"{name:3s} events {event_us:6.2f} us | fused {median(fused):6.2f} (n={len(fused)}) | select tail "
-                f"{call_tail:5.2f} after the last page (per row {own:5.2f})\n" + phase_line(name, phases))
+                f"{call_tail:5.2f} after the last page (per row {own:5.2f}){label}\n" + phase_line(name, phases) + label)
     score = [e["dur"] for e in ks if "Score" in e["name"]]
     select = [e["dur"] for e in ks if "Select" in e["name"]]
     select_after, next_call = [], []
@@ -139,7 +146,7 @@ def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, q
             next_call.append(b["ts"] - end_a)
     return (f"{name:3s} events {event_us:6.2f} us | score {median(score):6.2f} (n={len(score)}) | select "
             f"{median(select):6.2f}, ends {median(select_after):6.2f} after score | select -> next call "
-            f"{median(next_call):5.2f}\n" + phase_line(name, phases))
+            f"{median(next_call):5.2f}{label}\n" + phase_line(name, phases) + label)
 
 
 def main(argv=None) -> int:
@@ -158,10 +165,10 @@ def main(argv=None) -> int:
     specs = workloads()
     n = f" N={a.queries}" if a.queries else ""
     for name in a.workloads.split(","):
-        print(timeline(name, specs[name], clock, a.replays, a.max_sets, a.queries) + n, flush=True)
+        print(timeline(name, specs[name], clock, a.replays, a.max_sets, a.queries, n), flush=True)
         if a.floor:
             with using_cuda_options(select_floor=True):
-                print(timeline(name, specs[name], clock, a.replays, a.max_sets, a.queries) + n + " floor", flush=True)
+                print(timeline(name, specs[name], clock, a.replays, a.max_sets, a.queries, n + " floor"), flush=True)
     return 0
 
 

@@ -788,11 +788,12 @@ __device__ void FoldTable(Storage<kThreads>& s, uint32_t entries, int tid) {
 // the slice's histogram is built (Reset, CountKey, then a barrier; a cluster's bins not yet
 // published). `sort`: the cluster's first CTA's sort storage (sorted output; o.words points there).
 // Sorted output needs kBarrier 0 (the whole CTA runs the select); a group of a CTA (kBarrier > 0)
-// emits unsorted only. Its first thread stamps the phases' ends and the last write into s.stamps
-// (sm90_select_stamps.cuh; the caller sets it and stamps the start).
+// emits unsorted only. `stamped` (the call's stamp_select, from a kernel parameter: off, no stamp
+// site touches shared memory): its first thread stamps the phases' ends and the last write into
+// s.stamps (sm90_select_stamps.cuh; the caller sets it and stamps the start).
 template <int kThreads, int kBarrier>
 __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, const SliceKeys& keys, const RowOutput& o,
-                          uint32_t topk, int ranks, int rank, int tid) {
+                          uint32_t topk, int ranks, int rank, bool stamped, int tid) {
   if (ranks > 1) {
     GroupSums(s, tid);
     ClusterSync();  // every CTA's bins and group sums
@@ -800,7 +801,7 @@ __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, con
   } else {
     ThresholdBinLocal<kThreads, kBarrier>(s, topk, tid);
   }
-  if (tid == 0) StampAt(s.stamps, kStampThresholdCycles);
+  if (stamped && tid == 0) StampAt(s.stamps, kStampThresholdCycles);
   const uint32_t bin = s.bin, need = s.need;
   const uint32_t selected = min(topk, s.above + need);
   const uint32_t lo = SelectBinLowKey(bin), hi = SelectBinHighKey(bin);
@@ -809,7 +810,7 @@ __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, con
   if (ranks > 1) ClusterSync(); else GroupSync<kThreads, kBarrier>();  // every CTA's totals and members
   PassTotals lower;
   const PassTotals row = GatherTotals<kThreads, kBarrier>(s, ranks, rank, lower, tid);
-  if (tid == 0) StampAt(s.stamps, kStampMembersCycles);
+  if (stamped && tid == 0) StampAt(s.stamps, kStampMembersCycles);
   const uint32_t entries = Tiles<kThreads>(keys) * Shape<kThreads>::kWarps;
   const bool table = Tiles<kThreads>(keys) <= Shape<kThreads>::kChunkTiles;
   bool table_ready = table;
@@ -839,13 +840,16 @@ __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, con
     if (cut.ties == 0) lower_greater += lower_equal;
     table_ready = false;
   }
-  if (tid == 0) StampAt(s.stamps, kStampResolvedCycles);
+  if (stamped && tid == 0) StampAt(s.stamps, kStampResolvedCycles);
   if (ranks > 1 && !o.sorted) ClusterArrive();  // done reading the other CTAs' shared memory
   if (!o.sorted) {
     Emit<kThreads, kBarrier, false>(s, keys, cut, table_ready, lower_greater, lower_equal, topk, o, tid);
 #pragma unroll 1
     for (uint32_t i = selected + rank * kThreads + tid; i < topk; i += ranks * kThreads) o.out[i] = -1;
-    if (tid == 0) StampDone(s.stamps);
+    if (stamped) {
+      GroupSync<kThreads, kBarrier>();  // every id of the slice is written
+      if (tid == 0) StampDone(s.stamps);
+    }
     if (ranks > 1) ClusterWait();
     return;
   }
@@ -853,7 +857,7 @@ __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, con
     Emit<kThreads, kBarrier, true>(s, keys, cut, table_ready, lower_greater, lower_equal, topk, o, tid);
     if (ranks > 1) ClusterSync(); else GroupSync<kThreads, kBarrier>();  // every winner's word is in place
     if (rank != 0) {
-      if (tid == 0) StampDone(s.stamps);
+      if (stamped && tid == 0) StampDone(s.stamps);
       return;
     }
     SortDescending<kThreads, kBarrier>(*sort, selected, tid);
@@ -866,7 +870,10 @@ __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, con
       }
       o.out[i] = id;
     }
-    if (tid == 0) StampDone(s.stamps);
+    if (stamped) {
+      GroupSync<kThreads, kBarrier>();  // every id of the row is written
+      if (tid == 0) StampDone(s.stamps);
+    }
   } else {
     __trap();  // a group of a CTA emits unsorted only (the caller runs sorted output on every thread)
   }

@@ -165,11 +165,12 @@ __device__ __forceinline__ void SelectQuery(topk::Storage<kThreads>& s, topk::So
     topk::ForEachQuad<kThreads>(slice, 0, tiles, tid, [&](uint32_t, uint32_t, const uint4& q) { topk::CountQuad(s, q); });
     topk::GroupSync<kThreads, kBarrier>();  // the histogram
   }
-  if (tid == 0) {
+  const bool stamped = stamps != nullptr;
+  if (stamped && tid == 0) {
     s.stamps = stamps;
     StampAt(stamps, kStampBinnedCycles);
   }
-  topk::SelectRow<kThreads, kBarrier>(s, sort, slice, o, topk, /*ranks=*/1, /*rank=*/0, tid);
+  topk::SelectRow<kThreads, kBarrier>(s, sort, slice, o, topk, /*ranks=*/1, /*rank=*/0, stamped, tid);
 }
 
 // The row's queries after its last page: each query that needs scores selected from row_keys

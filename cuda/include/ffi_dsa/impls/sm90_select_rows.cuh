@@ -190,14 +190,15 @@ __global__ void __launch_bounds__(kSelectRowsThreads, 1) SelectRowsKernel(const 
       smem.slice_pages[i] = __ldcg(table + i);
     }
   }
-  if (tid == 0) s.stamps = StampSlot(p.stamps, int64_t(cluster_rank) * ClusterCount() + query_row);
+  const bool stamped = p.stamps != nullptr;
+  if (stamped && tid == 0) s.stamps = StampSlot(p.stamps, int64_t(cluster_rank) * ClusterCount() + query_row);
   __syncthreads();  // the histogram's reset, slice_pages
   WaitForPrecedingGrid();  // ScorePagesKernel's keys
-  if (tid == 0) StampStart(s.stamps);
+  if (stamped && tid == 0) StampStart(s.stamps);
 
   StageAndCount(s, slice_keys, m, staged ? staged_keys : nullptr, tid);
   __syncthreads();
-  if (tid == 0) StampAt(s.stamps, kStampBinnedCycles);
+  if (stamped && tid == 0) StampAt(s.stamps, kStampBinnedCycles);
   // A staged slice's workspace reads are behind us; a slice read from L2 lets the next kernel in
   // only by exiting.
   if (p.let_next_in && staged) AllowDependentLaunch();
@@ -212,7 +213,8 @@ __global__ void __launch_bounds__(kSelectRowsThreads, 1) SelectRowsKernel(const 
   o.positions = p.positions;
   o.sorted = p.sorted;
   const topk::SliceKeys keys{staged ? staged_keys : nullptr, slice_keys, m};
-  topk::SelectRow<kSelectRowsThreads, 0>(s, &smem.sorting, keys, o, static_cast<uint32_t>(p.topk), ctas, rank, tid);
+  topk::SelectRow<kSelectRowsThreads, 0>(s, &smem.sorting, keys, o, static_cast<uint32_t>(p.topk), ctas, rank, stamped,
+                                         tid);
 }
 
 }  // namespace ffi_dsa::sm90
