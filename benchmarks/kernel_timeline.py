@@ -15,7 +15,9 @@ A workload on the fused path (one FusedRowsKernel per call, W5) prints the kerne
 its select tail from the kernel's own stamps (ffi_dsa.cuda_options stamp_select: the global timer
 when each query row's select may start, its row's last page scored, and when its last id is
 written): "tail" is the call's last write after its last page (max done - max start over the
-selects), "per row" the median select's own (from SM cycles), both medians over the replays.
+selects), "per row" the median select's own (from SM cycles), "its page loop" the median row's
+time from its CTA's start on the pages to its select's start (global timer), all medians over the
+replays.
 On either path a second line gives the phases of the select that ends last in each call (the
 call's critical one), from the same stamps in SM cycles, medians over the replays: on the split
 path "from its start" counts from the moment the scoring kernel's keys are readable to the CTA
@@ -83,11 +85,13 @@ MAX_STAMP_SLOTS = 4096  # cuda/include/ffi_dsa/impls/sm90_select_stamps.cuh: kMa
 def stamped_selects(graphs, slots: int, replays: int) -> tuple[float, float, dict[str, float]]:
     """From the select stamps of `replays` stamped calls: the median call's last write after its
     last select's start (µs, global timer), the median select's own time (µs, SM cycles), and the
-    phases of each call's last-ending select (µs, medians over the calls). Under select_floor no
-    select ends: then only the staging ("binned") of the last select to start is reported."""
+    phases of each call's last-ending select (µs, medians over the calls), with "loop": on the fused
+    path the median row's page loop (its select's start after its CTA began on the pages, global
+    timer; nan on the split path). Under select_floor no select ends: then only the staging
+    ("binned") of the last select to start is reported."""
     device = torch.cuda.current_device()
     hz = _clock_hz()
-    call_tails, own, phases = [], [], {name: [] for name in PHASES + ["select"]}
+    call_tails, own, phases = [], [], {name: [] for name in PHASES + ["select", "loop"]}
     for i in range(replays):
         graphs[i % len(graphs)].replay()
         started = [s for s in select_stamps(device, slots) if s is not None]
@@ -97,6 +101,9 @@ def stamped_selects(graphs, slots: int, replays: int) -> tuple[float, float, dic
             own.append(median([(s.done - s.start) / hz * 1e6 for s in done]))
             for name, cycles in max(done, key=lambda s: s.done_ns).phases().items():
                 phases[name].append(cycles / hz * 1e6)
+            loops = [(s.start_ns - s.score_ns) / 1e3 for s in done if s.score_ns]
+            if loops:
+                phases["loop"].append(median(loops))
         elif started:
             last = max(started, key=lambda s: s.start_ns)
             if last.binned:
@@ -134,7 +141,8 @@ def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, q
     call_tail, own, phases = stamped_selects(stamped, slots, replays)
     if fused:
         return (f"{name:3s} events {event_us:6.2f} us | fused {median(fused):6.2f} (n={len(fused)}) | select tail "
-                f"{call_tail:5.2f} after the last page (per row {own:5.2f}){label}\n" + phase_line(name, phases) + label)
+                f"{call_tail:5.2f} after the last page (per row {own:5.2f}; its page loop {phases['loop']:6.2f}){label}\n"
+                + phase_line(name, phases) + label)
     score = [e["dur"] for e in ks if "Score" in e["name"]]
     select = [e["dur"] for e in ks if "Select" in e["name"]]
     select_after, next_call = [], []

@@ -65,7 +65,9 @@ def cuda_options() -> dict:
 class SelectStamps(NamedTuple):
     """One select's stamps (cuda/include/ffi_dsa/impls/sm90_select_stamps.cuh): the global timer
     (ns) when it may start and when its last id is written, and the SM's cycle counter at the start
-    and at the end of each phase. A phase a select did not reach (``select_floor``) is 0."""
+    and at the end of each phase; on the fused path also the global timer when the CTA starts on the
+    row's pages (``start_ns - score_ns``: the page loop's own time). A phase a select did not reach
+    (``select_floor``) is 0."""
 
     start_ns: int
     done_ns: int
@@ -75,6 +77,7 @@ class SelectStamps(NamedTuple):
     members: int     # the member pass and the totals
     resolved: int    # the cut decided
     done: int        # the last id written
+    score_ns: int    # the fused kernel's CTA starts on the row's pages (global timer; 0 on the split path)
 
     def phases(self) -> dict[str, int]:
         """Each phase's cycles (binned, threshold, members, resolve, emit) and the whole select's."""

@@ -281,6 +281,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   // kernel ends.
   if (p.let_next_in) AllowDependentLaunch();
   WaitForPrecedingGrid();
+  if (p.stamps != nullptr && tid == 0) {  // the row's pages start now (the previous grid is done)
+#pragma unroll 1
+    for (int j = 0; j < kQueries; ++j) StampScore(StampSlot(p.stamps, row * kQueries + j));
+  }
 
   // Each query's length, and where its keys end (its length rounded up to a quad: the select reads
   // whole quads; 0 for a query that needs no scores).

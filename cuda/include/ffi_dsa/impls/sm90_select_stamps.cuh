@@ -1,8 +1,9 @@
 // The select's phase stamps (launch/tuning.h: stamp_select), a benchmark's instrument that changes
 // no output: the first thread of a select writes the global timer when the select may start (the
 // fused kernel: its row's last page scored; SelectRowsKernel: the scoring grid's keys readable) and
-// when its last id is written, and the SM's cycle counter at each phase boundary, into a buffer of
-// the module's (launch/sm90_select_stamps.h). One slot of kSelectStampWords words per select: slot
+// when its last id is written, and the SM's cycle counter at each phase boundary; the fused kernel
+// also the global timer when its CTA starts on the row's pages (the page loop's own time). Into a
+// buffer of the module's (launch/sm90_select_stamps.h). One slot of kSelectStampWords words per select: slot
 // rank x query rows + query row (rank: the CTA's in its cluster; 0 on the fused path). Cycles, not
 // the global timer, for the phases: they are a few hundred ns to a few µs, and the cycle counter is
 // the SM's own (every stamp of a slot comes from one SM).
@@ -22,6 +23,7 @@ enum SelectStamp : int {
   kStampMembersCycles,    // the member pass and the totals
   kStampResolvedCycles,   // the cut decided (members ranked and marked, or the bin refined)
   kStampDoneCycles,       // the last id written
+  kStampScoreNs,          // the fused kernel: its CTA starts on the row's pages (global timer, ns; 0 on the split path)
   kSelectStampWords
 };
 constexpr int kMaxSelectStampSlots = 4096;
@@ -38,6 +40,9 @@ __device__ __forceinline__ void StampStart(unsigned long long* words) {
 }
 __device__ __forceinline__ void StampAt(unsigned long long* words, SelectStamp at) {
   if (words != nullptr) words[at] = clock64();
+}
+__device__ __forceinline__ void StampScore(unsigned long long* words) {
+  if (words != nullptr) words[kStampScoreNs] = GlobalTimerNs();
 }
 __device__ __forceinline__ void StampDone(unsigned long long* words) {
   if (words != nullptr) words[kStampDoneCycles] = clock64(), words[kStampDoneNs] = GlobalTimerNs();
