@@ -260,12 +260,10 @@ __device__ __forceinline__ void ForEachQuad(const SliceKeys& keys, uint32_t firs
 
 // ---- 0. the histogram ---------------------------------------------------------------------------
 
-// Before the histogram is built: zero bins, totals and the members' ranks. The caller syncs before
-// the first count.
+// Everything of the select's state but the bins, zeroed before a select (totals, the members'
+// ranks and digits).
 template <int kThreads>
-__device__ __forceinline__ void Reset(Storage<kThreads>& s, int tid) {
-#pragma unroll
-  for (uint32_t i = 0; i < Shape<kThreads>::kBinsPerThread; ++i) s.hist[tid + i * kThreads] = 0;
+__device__ __forceinline__ void ResetAllButBins(Storage<kThreads>& s, int tid) {
 #pragma unroll 1
   for (uint32_t i = tid; i < kMemberCapacity; i += kThreads) s.member_rank[i] = 0;
 #pragma unroll
@@ -276,10 +274,46 @@ __device__ __forceinline__ void Reset(Storage<kThreads>& s, int tid) {
   }
 }
 
-// Counts one key (any candidate) into the histogram.
+// Before the histogram is built: zero bins, totals and the members' ranks. The caller syncs before
+// the first count.
+template <int kThreads>
+__device__ __forceinline__ void Reset(Storage<kThreads>& s, int tid) {
+#pragma unroll
+  for (uint32_t i = 0; i < Shape<kThreads>::kBinsPerThread; ++i) s.hist[tid + i * kThreads] = 0;
+  ResetAllButBins(s, tid);
+}
+
+// A histogram of at most 65535 keys, two 16-bit counts a word: bin b in half b % 2 of word b / 2
+// (the fused kernel's page loop keeps one a query beside its page ring, where 32-bit bins for N
+// queries would take the shared memory of N = 3 and 4 batches' keys).
+constexpr uint32_t kPairedBinWords = kSelectBins / 2;
+
+// Counts one key (any candidate) into a histogram.
 template <int kThreads>
 __device__ __forceinline__ void CountKey(Storage<kThreads>& s, uint32_t key) {
   if (key != kNotCandidate) atomicAdd(&s.hist[SelectBin(key)], 1u);
+}
+__device__ __forceinline__ void CountKeyPaired(uint32_t* pairs, uint32_t key) {
+  if (key != kNotCandidate) {
+    const uint32_t bin = SelectBin(key);
+    atomicAdd(&pairs[bin / 2], 1u << (bin % 2 * 16));
+  }
+}
+
+// Reset with the histogram counted elsewhere, two bins a word (`pairs`, kPairedBinWords words,
+// 16-byte aligned). The caller syncs before the select.
+template <int kThreads>
+__device__ __forceinline__ void ResetFromPairedBins(Storage<kThreads>& s, const uint32_t* pairs, int tid) {
+  static_assert(Shape<kThreads>::kBinsPerThread % 8 == 0, "whole quads of paired words a thread");
+#pragma unroll
+  for (uint32_t i = 0; i < Shape<kThreads>::kBinsPerThread / 8; ++i) {
+    const uint32_t k = tid + i * kThreads;  // bins 8k .. 8k + 7
+    const uint4 w = reinterpret_cast<const uint4*>(pairs)[k];
+    uint4* h = reinterpret_cast<uint4*>(s.hist) + 2 * k;
+    h[0] = make_uint4(w.x & 0xFFFFu, w.x >> 16, w.y & 0xFFFFu, w.y >> 16);
+    h[1] = make_uint4(w.z & 0xFFFFu, w.z >> 16, w.w & 0xFFFFu, w.w >> 16);
+  }
+  ResetAllButBins(s, tid);
 }
 template <int kThreads>
 __device__ __forceinline__ void CountQuad(Storage<kThreads>& s, const uint4& q) {

@@ -90,18 +90,15 @@ union FusedSelect {
   } serial;  // one query at a time on every thread (N = 1, or sorted output)
   topk::Storage<kFusedGroupThreads<kQueries>> groups[kFusedSelectGroups<kQueries>];  // side by side
 };
-// N = 1: the select's storage beside the ring, so that the page loop bins each key as it stores
-// it, and the tail starts from a whole histogram instead of a pass over the row's keys (N > 1 has
-// no room for N histograms beside the ring and the keys: those bin in the tail).
+// Each query's histogram, beside the ring: the page loop counts each key as it stores it, so that
+// a select starts from a whole histogram instead of a pass over its keys. Only the bins, two to a
+// word: the rest of a select's storage is needed after the loop alone and takes the ring's memory
+// (FusedSelect).
 template <int kQueries>
 struct LoopBins {
-  static constexpr bool kOn = false;
+  alignas(16) uint32_t pairs[kQueries][topk::kPairedBinWords];
 };
-template <>
-struct LoopBins<1> {
-  static constexpr bool kOn = true;
-  topk::Storage<kFusedThreads> storage;
-};
+static_assert(kFusedMaxRowKeys <= 0xFFFFu, "a query's keys fit a paired bin's 16-bit count");
 // WriteWholeRow's buffers for one query: a query's own, so that the unscored rows need not wait
 // for the selects that read the row's page ids.
 struct WholeRowScratch {
@@ -145,26 +142,23 @@ __device__ __forceinline__ void WriteUnscoredRow(const SelectParams& p, int64_t 
 
 // One query's select on a group of kThreads threads (thread `tid` of the group, barrier kBarrier):
 // its keys in shared memory, written by the page loop up to the length rounded up to a quad
-// (kNotCandidate past the length), are padded with kNotCandidate to whole tiles, counted into the
-// histogram unless the page loop did (kBinned: `s` reset before the loop and every key counted),
-// and selected. Sorted output needs kBarrier 0 and `sort` (topk::SelectRow).
-template <int kThreads, int kBarrier, bool kBinned>
+// (kNotCandidate past the length) and counted by it into `bins` (its LoopBins), are padded with
+// kNotCandidate to whole tiles and selected. Sorted output needs kBarrier 0 and `sort`
+// (topk::SelectRow).
+template <int kThreads, int kBarrier>
 __device__ __forceinline__ void SelectQuery(topk::Storage<kThreads>& s, topk::SortStorage<kThreads>* sort,
-                                            uint32_t* keys, int32_t length, const topk::RowOutput& o, uint32_t topk,
-                                            unsigned long long* stamps, int tid) {
+                                            uint32_t* keys, const uint32_t* bins, int32_t length,
+                                            const topk::RowOutput& o, uint32_t topk, unsigned long long* stamps,
+                                            int tid) {
   const topk::SliceKeys slice{keys, nullptr, static_cast<uint32_t>(length)};
   const uint32_t tiles = topk::Tiles<kThreads>(slice);
   const uint32_t written = (static_cast<uint32_t>(length) + 3) / 4 * 4;
-  if constexpr (!kBinned) topk::Reset(s, tid);
+  topk::ResetFromPairedBins(s, bins, tid);
 #pragma unroll 1
   for (uint32_t i = written + tid; i < tiles * topk::Shape<kThreads>::kTileKeys; i += kThreads) {
     keys[i] = kNotCandidate;
   }
-  topk::GroupSync<kThreads, kBarrier>();  // the reset, the pad
-  if constexpr (!kBinned) {
-    topk::ForEachQuad<kThreads>(slice, 0, tiles, tid, [&](uint32_t, uint32_t, const uint4& q) { topk::CountQuad(s, q); });
-    topk::GroupSync<kThreads, kBarrier>();  // the histogram
-  }
+  topk::GroupSync<kThreads, kBarrier>();  // the bins, the pad
   const bool stamped = stamps != nullptr;
   if (stamped && tid == 0) {
     s.stamps = stamps;
@@ -198,13 +192,6 @@ __device__ __forceinline__ void SelectRowQueries(const FusedParams& fp, FusedSme
   };
   FusedSelect<kQueries>& sel = smem.select;
   if (kQueries == 1 || p.sorted) {
-    topk::Storage<kFusedThreads>& storage = [&]() -> topk::Storage<kFusedThreads>& {
-      if constexpr (LoopBins<kQueries>::kOn) {
-        return smem.loop_bins.storage;
-      } else {
-        return sel.serial.storage;
-      }
-    }();
     bool first = true;
 #pragma unroll 1
     for (int j = 0; j < kQueries; ++j) {
@@ -216,9 +203,9 @@ __device__ __forceinline__ void SelectRowQueries(const FusedParams& fp, FusedSme
       }
       if (!first) __syncthreads();  // the previous select's reads of the storage are done
       first = false;
-      SelectQuery<kFusedThreads, 0, LoopBins<kQueries>::kOn>(storage, &sel.serial.sort, row_keys + j * fp.key_stride,
-                                                             n, output(j, sel.serial.sort.words), topk,
-                                                             StampSlot(p.stamps, row * kQueries + j), tid);
+      SelectQuery<kFusedThreads, 0>(sel.serial.storage, &sel.serial.sort, row_keys + j * fp.key_stride,
+                                    smem.loop_bins.pairs[j], n, output(j, sel.serial.sort.words), topk,
+                                    StampSlot(p.stamps, row * kQueries + j), tid);
     }
   } else {
     constexpr int kGroupThreads = kFusedGroupThreads<kQueries>;
@@ -229,9 +216,9 @@ __device__ __forceinline__ void SelectRowQueries(const FusedParams& fp, FusedSme
         if (group == j) {
           const int32_t n = length(j);
           if (ScoresNeeded(n, p.topk, p.sorted)) {
-            SelectQuery<kGroupThreads, 1 + j, false>(sel.groups[j], nullptr, row_keys + j * fp.key_stride, n,
-                                                     output(j, nullptr), topk, StampSlot(p.stamps, row * kQueries + j),
-                                                     tid % kGroupThreads);
+            SelectQuery<kGroupThreads, 1 + j>(sel.groups[j], nullptr, row_keys + j * fp.key_stride,
+                                              smem.loop_bins.pairs[j], n, output(j, nullptr), topk,
+                                              StampSlot(p.stamps, row * kQueries + j), tid % kGroupThreads);
           } else {
             // In the group, not after the CTA's barrier: the groups pass different numbers of
             // their own barriers, and compute-sanitizer's racecheck then takes shared memory
@@ -331,7 +318,11 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     const int32_t page = table[i];
     row_pages[i] = page >= 0 && page < p.num_pages ? page : -1;  // -1: not a page, its tokens are not candidates
   }
-  if constexpr (LoopBins<kQueries>::kOn) topk::Reset(smem.loop_bins.storage, tid);
+  {
+    uint4* bins = reinterpret_cast<uint4*>(smem.loop_bins.pairs);
+#pragma unroll
+    for (int i = tid; i < kQueries * topk::kPairedBinWords / 4; i += kFusedThreads) bins[i] = make_uint4(0u, 0u, 0u, 0u);
+  }
   __syncthreads();  // barrier init, row_pages, query_lengths, the loop's bins
 
   auto issue = [&](int i) {
@@ -366,8 +357,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
 #pragma unroll
   for (int g = 0; g < Groups::kCount; ++g) group_end[g] = WarpUniform(group_end[g]);
   uint32_t* slot_keys[Groups::kSlots];
+  uint32_t* slot_bins[Groups::kSlots];  // the histogram of the slot's query
 #pragma unroll
-  for (int x = 0; x < Groups::kSlots; ++x) slot_keys[x] = row_keys + slots.query[x] * fp.key_stride + token;
+  for (int x = 0; x < Groups::kSlots; ++x) {
+    slot_keys[x] = row_keys + slots.query[x] * fp.key_stride + token;
+    slot_bins[x] = smem.loop_bins.pairs[slots.query[x]];
+  }
   RowWeights<kHeads, kQueries, kFusedHeldWeights> weights;
   if (wg < row_pages_count) {
     weights.Load(fp.weights + row * queries * kHeads, lane);
@@ -417,7 +412,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
         const uint32_t key = valid && page_t0 < slots.key_end[slot] ? keys[x] : kNotCandidate;
         if (page_t0 < slots.store_end[slot]) {
           slot_keys[slot][page_t0] = key;
-          if constexpr (LoopBins<kQueries>::kOn) topk::CountKey(smem.loop_bins.storage, key);  // one owner a key
+          topk::CountKeyPaired(slot_bins[slot], key);  // one owner a key
         }
       }
     });
