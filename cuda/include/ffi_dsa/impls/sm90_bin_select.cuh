@@ -288,7 +288,7 @@ __device__ __forceinline__ void Reset(Storage<kThreads>& s, int tid) {
 // queries would take the shared memory of N = 3 and 4 batches' keys).
 constexpr uint32_t kPairedBinWords = kSelectBins / 2;
 
-// Counts one key (any candidate) into a histogram.
+// Counts one key (any candidate) into a select's histogram, or into a paired one.
 template <int kThreads>
 __device__ __forceinline__ void CountKey(Storage<kThreads>& s, uint32_t key) {
   if (key != kNotCandidate) atomicAdd(&s.hist[SelectBin(key)], 1u);
@@ -301,20 +301,19 @@ __device__ __forceinline__ void CountKeyPaired(uint32_t* pairs, uint32_t key) {
 }
 
 // Reset with the histogram counted elsewhere, two bins a word (`pairs`, kPairedBinWords words,
-// 16-byte aligned). The caller syncs before the select.
+// 8-byte aligned). The caller syncs before the select.
 template <int kThreads>
 __device__ __forceinline__ void ResetFromPairedBins(Storage<kThreads>& s, const uint32_t* pairs, int tid) {
-  static_assert(Shape<kThreads>::kBinsPerThread % 8 == 0, "whole quads of paired words a thread");
+  static_assert(Shape<kThreads>::kBinsPerThread % 4 == 0, "whole quads of bins a thread");
 #pragma unroll
-  for (uint32_t i = 0; i < Shape<kThreads>::kBinsPerThread / 8; ++i) {
-    const uint32_t k = tid + i * kThreads;  // bins 8k .. 8k + 7
-    const uint4 w = reinterpret_cast<const uint4*>(pairs)[k];
-    uint4* h = reinterpret_cast<uint4*>(s.hist) + 2 * k;
-    h[0] = make_uint4(w.x & 0xFFFFu, w.x >> 16, w.y & 0xFFFFu, w.y >> 16);
-    h[1] = make_uint4(w.z & 0xFFFFu, w.z >> 16, w.w & 0xFFFFu, w.w >> 16);
+  for (uint32_t i = 0; i < Shape<kThreads>::kBinsPerThread / 4; ++i) {
+    const uint32_t k = tid + i * kThreads;  // bins 4k .. 4k + 3, words 2k and 2k + 1
+    const uint2 w = reinterpret_cast<const uint2*>(pairs)[k];
+    reinterpret_cast<uint4*>(s.hist)[k] = make_uint4(w.x & 0xFFFFu, w.x >> 16, w.y & 0xFFFFu, w.y >> 16);
   }
   ResetAllButBins(s, tid);
 }
+
 template <int kThreads>
 __device__ __forceinline__ void CountQuad(Storage<kThreads>& s, const uint4& q) {
   CountKey(s, q.x);
@@ -596,7 +595,7 @@ __device__ bool RankByDigit(Storage<kThreads>& s, const uint2* list, uint32_t co
 
 // The winning members (rank < need) of this CTA's slice [begin, begin + count) become kWinMark in
 // place, and count in their (tile, warp) entry when the table holds the slice; the winners before
-// the slice go to lower_winners (zeroed by Reset). Sorted output instead: the cluster's first CTA
+// the slice go to lower_winners (zeroed by ResetAllButBins). Sorted output instead: the cluster's first CTA
 // writes every winning member's word after the `greater` winners of the row (in any order: the
 // words are sorted next). Ends with a barrier.
 template <int kThreads, int kBarrier>
@@ -840,8 +839,9 @@ __device__ void FoldTable(Storage<kThreads>& s, uint32_t entries, int tid) {
 }
 
 // The exact top-K of a query row from this CTA's slice of it (`ranks` CTAs, this one `rank`), once
-// the slice's histogram is built (Reset, CountKey, then a barrier; a cluster's bins not yet
-// published). `sort`: the cluster's first CTA's sort storage (sorted output; o.words points there).
+// the slice's histogram is built (Reset, CountKey, then a barrier, or ResetFromPairedBins from bins
+// counted elsewhere, then a barrier; a cluster's bins not yet published). `sort`: the cluster's
+// first CTA's sort storage (sorted output; o.words points there).
 // Sorted output needs kBarrier 0 (the whole CTA runs the select); a group of a CTA (kBarrier > 0)
 // emits unsorted only. `stamped` (the call's stamp_select, from a kernel parameter: off, no stamp
 // site touches shared memory): its first thread stamps the phases' ends and the last write into

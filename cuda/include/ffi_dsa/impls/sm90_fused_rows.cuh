@@ -98,6 +98,7 @@ template <int kQueries>
 struct LoopBins {
   alignas(16) uint32_t pairs[kQueries][topk::kPairedBinWords];
 };
+// FusedFits keeps a row's N queries within kFusedMaxRowKeys keys, so a bin's count fits its half.
 static_assert(kFusedMaxRowKeys <= 0xFFFFu, "a query's keys fit a paired bin's 16-bit count");
 // WriteWholeRow's buffers for one query: a query's own, so that the unscored rows need not wait
 // for the selects that read the row's page ids.
