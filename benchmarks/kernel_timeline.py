@@ -17,7 +17,9 @@ when each query row's select may start, its row's last page scored, and when its
 written): "tail" is the call's last write after its last page (max done - max start over the
 selects), "per row" the median select's own (from SM cycles), "its page loop" the median row's
 time from its CTA's start on the pages to its select's start (global timer), all medians over the
-replays.
+replays; "loops end" the rows' page loops' ends (their selects' starts) after the call's first CTA
+began on its pages: the first, the median and the last row's, and that of the row whose select
+ends the call (whether the call waits for its slowest stream or for a select).
 On either path a second line gives the phases of the select that ends last in each call (the
 call's critical one), from the same stamps in SM cycles, medians over the replays: on the split
 path "from its start" counts from the moment the scoring kernel's keys are readable to the CTA
@@ -79,6 +81,7 @@ def kernel_records(fns) -> list[dict]:
 
 
 PHASES = ["binned", "threshold", "members", "resolve", "emit"]
+LOOP_ENDS = ["ends_first", "ends_median", "ends_last", "ends_critical"]
 MAX_STAMP_SLOTS = 4096  # cuda/include/ffi_dsa/impls/sm90_select_stamps.cuh: kMaxSelectStampSlots
 
 
@@ -87,11 +90,13 @@ def stamped_selects(graphs, slots: int, replays: int) -> tuple[float, float, dic
     last select's start (µs, global timer), the median select's own time (µs, SM cycles), and the
     phases of each call's last-ending select (µs, medians over the calls), with "loop": on the fused
     path the median row's page loop (its select's start after its CTA began on the pages, global
-    timer; nan on the split path). Under select_floor no select ends: then only the staging
+    timer; nan on the split path), and "ends_first", "ends_median", "ends_last", "ends_critical":
+    the rows' loop ends after the call's first CTA began on its pages (the first, median and last
+    row's, and the last-ending select's row's; nan on the split path). Under select_floor no select ends: then only the staging
     ("binned") of the last select to start is reported."""
     device = torch.cuda.current_device()
     hz = _clock_hz()
-    call_tails, own, phases = [], [], {name: [] for name in PHASES + ["select", "loop"]}
+    call_tails, own, phases = [], [], {name: [] for name in PHASES + ["select", "loop"] + LOOP_ENDS}
     for i in range(replays):
         graphs[i % len(graphs)].replay()
         started = [s for s in select_stamps(device, slots) if s is not None]
@@ -104,6 +109,11 @@ def stamped_selects(graphs, slots: int, replays: int) -> tuple[float, float, dic
             loops = [(s.start_ns - s.score_ns) / 1e3 for s in done if s.score_ns]
             if loops:
                 phases["loop"].append(median(loops))
+                first = min(s.score_ns for s in done if s.score_ns)
+                ends = sorted((s.start_ns - first) / 1e3 for s in done if s.score_ns)
+                critical = (max(done, key=lambda s: s.done_ns).start_ns - first) / 1e3
+                for name, value in zip(LOOP_ENDS, (ends[0], median(ends), ends[-1], critical)):
+                    phases[name].append(value)
         elif started:
             last = max(started, key=lambda s: s.start_ns)
             if last.binned:
@@ -118,7 +128,8 @@ def phase_line(name: str, phases: dict[str, float]) -> str:
 
 def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, queries: int | None = None,
              label: str = "") -> str:
-    """Two lines: the kernels' times (`label` at its end), then the last select's phases."""
+    """The kernels' times (`label` at its end), then the last select's phases; on the fused path a
+    third line, the rows' loop ends."""
     rot = rotating_sets(spec["lens"], "cuda", 256 * MB, seed=11, max_sets=max_sets, queries=queries)
 
     def make_call(i):
@@ -142,7 +153,10 @@ def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, q
     if fused:
         return (f"{name:3s} events {event_us:6.2f} us | fused {median(fused):6.2f} (n={len(fused)}) | select tail "
                 f"{call_tail:5.2f} after the last page (per row {own:5.2f}; its page loop {phases['loop']:6.2f}){label}\n"
-                + phase_line(name, phases) + label)
+                + phase_line(name, phases) + label + "\n"
+                + f"{name:3s} loops end, us after the first CTA's start: first {phases['ends_first']:6.2f} | median "
+                f"{phases['ends_median']:6.2f} | last {phases['ends_last']:6.2f} | the row that ends the call "
+                f"{phases['ends_critical']:6.2f}{label}")
     score = [e["dur"] for e in ks if "Score" in e["name"]]
     select = [e["dur"] for e in ks if "Select" in e["name"]]
     select_after, next_call = [], []

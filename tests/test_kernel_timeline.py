@@ -1,0 +1,67 @@
+"""benchmarks/kernel_timeline.py's arithmetic on the select stamps, from made-up stamps (no GPU): the
+call's tail, the rows' page loops and where they end, and the last select's phases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ffi_dsa.cuda_options import SelectStamps
+
+from conftest import load_script
+
+timeline = load_script("benchmarks/kernel_timeline.py")
+HZ = 2e9  # cycles per second of the made-up SM clock: 2 cycles a ns
+
+
+def fused_stamp(score_ns: int, start_ns: int, own_ns: int) -> SelectStamps:
+    """A fused row's stamps: its CTA begins on its pages at score_ns, its select starts at start_ns
+    and takes own_ns (each of the five phases a fifth, in cycles)."""
+    c0 = 10_000
+    step = own_ns * 2 // 5
+    marks = [c0 + i * step for i in range(6)]
+    return SelectStamps(start_ns, start_ns + own_ns, *marks, score_ns)
+
+
+class Graph:
+    def replay(self):
+        pass
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Two calls of three rows. Call 1: loops end 40, 50, 55 µs after the first start; the row
+    ending at 50 has the longest select (10 µs), so it ends the call. Call 2: the same, 2 µs later."""
+    per_call = []
+    for shift in (0, 2_000):
+        per_call.append([fused_stamp(1_000 + shift, 41_000 + shift, 4_000),
+                         fused_stamp(3_000 + shift, 51_000 + shift, 10_000),
+                         fused_stamp(2_000 + shift, 56_000 + shift, 3_000)])
+    replies = iter(per_call)
+    monkeypatch.setattr(timeline, "select_stamps", lambda device, slots: next(replies))
+    monkeypatch.setattr(timeline, "_clock_hz", lambda: HZ)
+    monkeypatch.setattr(timeline.torch.cuda, "current_device", lambda: 0)
+    return per_call
+
+
+def test_the_stamps_give_the_tail_the_loops_and_their_ends(calls):
+    tail, own, phases = timeline.stamped_selects([Graph()], slots=3, replays=2)
+    # the last write (51 + 10 = 61 µs) after the last select's start (56 µs)
+    assert tail == pytest.approx(5.0)
+    assert own == pytest.approx(4.0)  # the median select's own time (4, 10, 3 µs)
+    assert phases["select"] == pytest.approx(10.0)  # the select that ends the call
+    assert phases["emit"] == pytest.approx(2.0)
+    assert phases["loop"] == pytest.approx(48.0)  # loops of 40, 48 and 54 µs
+    # ends after the call's first CTA start (1 µs): 40, 50, 55, and the critical row's 50
+    assert [phases[k] for k in timeline.LOOP_ENDS] == pytest.approx([40.0, 50.0, 55.0, 50.0])
+
+
+def test_the_split_path_has_no_loop(monkeypatch):
+    stamp = fused_stamp(0, 5_000, 4_000)._replace(score_ns=0)
+    monkeypatch.setattr(timeline, "select_stamps", lambda device, slots: [stamp, None])
+    monkeypatch.setattr(timeline, "_clock_hz", lambda: HZ)
+    monkeypatch.setattr(timeline.torch.cuda, "current_device", lambda: 0)
+    tail, own, phases = timeline.stamped_selects([Graph()], slots=2, replays=1)
+    assert tail == pytest.approx(4.0) and own == pytest.approx(4.0)
+    assert all(math.isnan(phases[k]) for k in ["loop", *timeline.LOOP_ENDS])
