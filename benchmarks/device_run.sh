@@ -10,10 +10,12 @@
 #             limit (SMOKE_TIMEOUT, default 90 s), checked against the reference; a case that
 #             hangs or fails stops the run here: every later step would meet the same kernel
 #                                                                -> $OUT/smoke.log
-#   test      python3 -m pytest $PYTEST_ARGS as TEST_PROCESSES processes at once (default 8), the k-th
-#             running --part k/TEST_PROCESSES (tests/conftest.py): the suite's time is mostly one CPU
-#             core's (references, batches), so the parts share the GPU well (the CUDA-heavy files'
-#             cuda tests: 71 s in 8 processes on an H100, 19% of them in 320 s in one)
+#   test      python3 -m pytest $PYTEST_ARGS as TEST_PROCESSES processes at once (default: one a CPU
+#             core), the k-th running --part k/TEST_PROCESSES (tests/conftest.py), each with
+#             TEST_THREADS BLAS/OpenMP threads (default 1): the suite's time is the CPU's (float64
+#             references, batches), whose small products a thread pool slows down (a reference of
+#             132 x 6K tokens: 0.83 s of CPU on one thread, 1.77 s on two), so the parts share the
+#             GPU well (the 9 CUDA-heavy files' 402 tests: 104 in 230 s in 8 parts of ~2 threads)
 #                                                                -> $OUT/pytest.log (every part's summary
 #                                                                   and failures; whole logs in /tmp)
 #   sanitize  compute-sanitizer memcheck / racecheck / synccheck over benchmarks/sanitize_cases.py
@@ -41,7 +43,7 @@
 # COUNTERS_WORKLOADS (default W1,W2,W3,W4,W5,W6), JAX_PROCESSES (process counts of bench_jax_processes,
 # default 1,2) and JAX_PROCESSES_ARGS (its extra options),
 # PYTEST_ARGS (default "-q -x tests"; e.g. "-q -m cuda tests" for the GPU's tests alone), TEST_PROCESSES
-# (default 8), TEST_TIMEOUT (seconds a part may run, default 900; exit 124 past it), TEST_STACK_AFTER
+# (default: the CPU cores), TEST_THREADS (default 1), TEST_TIMEOUT (seconds a part may run, default 900; exit 124 past it), TEST_STACK_AFTER
 # (seconds one test runs before its stack is printed, default 120), SMOKE_TIMEOUT (seconds a smoke
 # case may run, default 90), SANITIZE_TOOLS (default "memcheck racecheck synccheck initcheck"),
 # SANITIZE_TIMEOUT (seconds per tool, default 150), FFI_DSA_CACHE_DIR (default /tmp/ffi_dsa_cache).
@@ -155,7 +157,7 @@ step_smoke() {
 }
 
 step_test() {  # the suite in TEST_PROCESSES interleaved parts at once; fails if any part fails or none ran a test
-  local n=${TEST_PROCESSES:-8} k rc=0 one ran=0 pids=() logs=()
+  local n=${TEST_PROCESSES:-$(nproc)} threads=${TEST_THREADS:-1} k rc=0 one ran=0 pids=() logs=()
   python3 -c "import pytest" 2>/dev/null || { echo "test: pytest is not importable here (carry its wheels in .whl/)"; return 1; }
   : >"$OUT/pytest.log"
   for k in $(seq 1 "$n"); do
@@ -164,7 +166,8 @@ step_test() {  # the suite in TEST_PROCESSES interleaved parts at once; fails if
     # faulthandler_timeout), and a part still running after TEST_TIMEOUT s is stopped: a hung kernel
     # costs the step that long, not the call
     # shellcheck disable=SC2086
-    timeout -k 10 "${TEST_TIMEOUT:-900}" python3 -m pytest ${PYTEST_ARGS:--q -x tests} --part "$k/$n" --durations=5 \
+    OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads \
+      timeout -k 10 "${TEST_TIMEOUT:-900}" python3 -m pytest ${PYTEST_ARGS:--q -x tests} --part "$k/$n" --durations=5 \
         -o faulthandler_timeout="${TEST_STACK_AFTER:-120}" >"${logs[-1]}" 2>&1 &
     pids+=($!)
   done
