@@ -40,7 +40,7 @@ import tempfile
 import torch
 
 import ffi_dsa  # noqa: E402
-from ffi_dsa.cuda_options import select_stamps, using_cuda_options  # noqa: E402
+from ffi_dsa.cuda_options import SELECT_PHASES, select_stamps, using_cuda_options  # noqa: E402
 from bench_gpu import Clock, _clock_hz, capture_graphs, rotating_sets, workloads  # noqa: E402
 
 MB = 1 << 20
@@ -80,7 +80,6 @@ def kernel_records(fns) -> list[dict]:
     return sorted(kernels, key=lambda e: e["ts"])
 
 
-PHASES = ["binned", "threshold", "members", "resolve", "emit"]
 LOOP_ENDS = ["ends_first", "ends_median", "ends_last", "ends_critical"]
 MAX_STAMP_SLOTS = 4096  # cuda/include/ffi_dsa/impls/sm90_select_stamps.cuh: kMaxSelectStampSlots
 
@@ -92,11 +91,11 @@ def stamped_selects(graphs, slots: int, replays: int) -> tuple[float, float, dic
     path the median row's page loop (its select's start after its CTA began on the pages, global
     timer; nan on the split path), and "ends_first", "ends_median", "ends_last", "ends_critical":
     the rows' loop ends after the call's first CTA began on its pages (the first, median and last
-    row's, and the last-ending select's row's; nan on the split path). Under select_floor no select ends: then only the staging
-    ("binned") of the last select to start is reported."""
+    row's, and the last-ending select's row's; nan on the split path). Under select_floor no select
+    ends: then only the staging ("binned") of the last select to start is reported."""
     device = torch.cuda.current_device()
     hz = _clock_hz()
-    call_tails, own, phases = [], [], {name: [] for name in PHASES + ["select", "loop"] + LOOP_ENDS}
+    call_tails, own, phases = [], [], {name: [] for name in [*SELECT_PHASES, "select", "loop", *LOOP_ENDS]}
     for i in range(replays):
         graphs[i % len(graphs)].replay()
         started = [s for s in select_stamps(device, slots) if s is not None]
@@ -122,7 +121,7 @@ def stamped_selects(graphs, slots: int, replays: int) -> tuple[float, float, dic
 
 
 def phase_line(name: str, phases: dict[str, float]) -> str:
-    parts = " | ".join(f"{p} {phases[p]:5.2f}" for p in PHASES)
+    parts = " | ".join(f"{p} {phases[p]:5.2f}" for p in SELECT_PHASES)
     return f"{name:3s} the last select's phases, us: {parts} | from its start {phases['select']:5.2f}"
 
 

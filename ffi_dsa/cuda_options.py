@@ -62,6 +62,10 @@ def cuda_options() -> dict:
     return _as_options(_ffi_api.cuda().cuda_options())
 
 
+# A select's phases in order, each ending at the stamp of the same place in SelectStamps.
+SELECT_PHASES = ("binned", "threshold", "members", "resolve", "emit")
+
+
 class SelectStamps(NamedTuple):
     """One select's stamps (cuda/include/ffi_dsa/impls/sm90_select_stamps.cuh): the global timer
     (ns) when it may start and when its last id is written, and the SM's cycle counter at the start
@@ -82,8 +86,7 @@ class SelectStamps(NamedTuple):
     def phases(self) -> dict[str, int]:
         """Each phase's cycles (binned, threshold, members, resolve, emit) and the whole select's."""
         marks = [self.start, self.binned, self.threshold, self.members, self.resolved, self.done]
-        names = ["binned", "threshold", "members", "resolve", "emit"]
-        out = {name: marks[i + 1] - marks[i] for i, name in enumerate(names)}
+        out = {name: marks[i + 1] - marks[i] for i, name in enumerate(SELECT_PHASES)}
         out["select"] = self.done - self.start
         return out
 
