@@ -244,18 +244,47 @@ def _build_locked(name, sources, build_dir, options, cuda_arch_list, reason) -> 
     return path
 
 
+# Only the tvm-ffi entry points leave a module, as in the wheel's (CMakeLists.txt, ffi_dsa_module;
+# why: cuda/module_exports.map): hidden visibility in the compile, the version script in the link.
+HIDDEN_SYMBOLS = ["-fvisibility=hidden", "-fvisibility-inlines-hidden"]
+EXPORTS_MAP = "module_exports.map"
+
+
+def _exports_only() -> str:
+    return f"-Wl,--version-script={native_dir() / EXPORTS_MAP}"
+
+
+OWN_NAMESPACE = "7ffi_dsa"  # how `ffi_dsa::` appears in a mangled C++ name
+
+
+def exported_own_symbols(library: str | Path) -> list[str]:
+    """The symbols of ffi_dsa's own C++ that `library` defines in its dynamic table (binding and
+    mangled name): none where only the extern "C" entry points leave the module."""
+    table = subprocess.run(["readelf", "--dyn-syms", "--wide", str(library)], capture_output=True, text=True,
+                           check=True).stdout
+    own = []
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) < 8 or not fields[0].rstrip(":").isdigit() or fields[6] == "UND":
+            continue
+        binding, name = fields[4], fields[7]
+        if OWN_NAMESPACE in name:
+            own.append(f"{binding} {name}")
+    return own
+
+
 # No -march in the JIT build either: the baseline stays the compiler's portable default (x86-64),
 # and the SIMD variants carry their own ISA and are picked at run time (cpu/dispatch.h); a global
 # -march=native would let AVX-512 into code that runs before the CPU check. The wheel's module
 # targets x86-64-v3 (CMakeLists.txt).
-JIT_CPU_FLAGS = ["-O3", "-ffp-contract=fast", "-fno-math-errno", "-pthread"]
+JIT_CPU_FLAGS = ["-O3", "-ffp-contract=fast", "-fno-math-errno", "-pthread", *HIDDEN_SYMBOLS]
 
 
 def jit_cpu_library(reason: str = "JIT build", cache_dir: Path | None = None) -> str:
     return build("ffi_dsa_cpu", ["csrc/cpu_binding.cc"],
                  headers=["include/ffi_dsa/*.h", "include/ffi_dsa/cpu/*.h", "include/ffi_dsa/validate/*.h",
-                          "include/ffi_dsa/launch/*_workspace_bytes.h"],
-                 cflags=JIT_CPU_FLAGS, ldflags=["-pthread"], reason=reason, cache_dir=cache_dir)
+                          "include/ffi_dsa/launch/*_workspace_bytes.h", EXPORTS_MAP],
+                 cflags=JIT_CPU_FLAGS, ldflags=["-pthread", _exports_only()], reason=reason, cache_dir=cache_dir)
 
 
 def cpu_library() -> str:
@@ -280,7 +309,7 @@ def arch_capability(arch: str) -> tuple[int, int]:
     return int(m[1]), int(m[2])
 
 
-_JIT_CUDA_FLAGS = ["-O3", "-std=c++17", "-lineinfo"]
+_JIT_CUDA_FLAGS = ["-O3", "-std=c++17", "-lineinfo", f"-Xcompiler={','.join(HIDDEN_SYMBOLS)}"]
 _HOST_HEADERS = ["include/ffi_dsa/*.h", "include/ffi_dsa/validate/*.h", "include/ffi_dsa/launch/*"]
 
 
@@ -296,14 +325,14 @@ def jit_cuda_library(archs: list[str], reason: str = "JIT build") -> str:
             f"ffi_dsa_cuda_{arch}",
             sorted(str(p.relative_to(native_dir())) for p in (native_dir() / "csrc" / arch).glob("*.c[cu]")),
             headers=[*_HOST_HEADERS, "include/ffi_dsa/impls/*.cuh"],
-            cflags=["-O3"], cuda_cflags=_JIT_CUDA_FLAGS, cuda_arch_list=f"{major}.{minor}{suffix}",
+            cflags=["-O3", *HIDDEN_SYMBOLS], cuda_cflags=_JIT_CUDA_FLAGS, cuda_arch_list=f"{major}.{minor}{suffix}",
             output=f"ffi_dsa_cuda_{arch}.o", reason=reason))
     return build(
-        "ffi_dsa_cuda", ["csrc/cuda_binding.cc"], headers=_HOST_HEADERS, objects=objects,
-        cflags=["-O3", *(f"-DFFI_DSA_ARCH_{arch.upper()}" for arch in archs)],
+        "ffi_dsa_cuda", ["csrc/cuda_binding.cc"], headers=[*_HOST_HEADERS, EXPORTS_MAP], objects=objects,
+        cflags=["-O3", *HIDDEN_SYMBOLS, *(f"-DFFI_DSA_ARCH_{arch.upper()}" for arch in archs)],
         include_paths=[f"{home}/include"],
         # libcudart is found where torch or JAX already loaded it, else in the toolkit.
-        ldflags=[f"-L{home}/lib64", "-lcudart", f"-Wl,-rpath,{home}/lib64"],
+        ldflags=[f"-L{home}/lib64", "-lcudart", f"-Wl,-rpath,{home}/lib64", _exports_only()],
         reason=reason,
     )
 

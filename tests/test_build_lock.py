@@ -1,8 +1,9 @@
 """The JIT fallback (a source checkout, a GPU the wheel holds no code for), on the CPU module: two
 processes that JIT-build it into one empty cache at once (torchrun ranks on a fresh machine) make
 one build, the other waits for it and loads the same library; and that library, compiled from the
-sources the package ships, gives the installed module's bytes. The suite's one compile: the JIT
-build differs from the wheel's (no -march), so nothing the install kept can stand in for it."""
+sources the package ships, exports none of its own C++ and gives the installed module's bytes. The
+suite's one compile: the JIT build differs from the wheel's (no -march), so nothing the install kept
+can stand in for it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import tvm_ffi
 
 import ffi_dsa
+from ffi_dsa._build import exported_own_symbols
 from ffi_dsa.workloads import make_batch
 
 from conftest import poisoned_np, script_env
@@ -40,7 +42,9 @@ def test_concurrent_first_builds_share_one_build_with_the_installed_bytes(tmp_pa
     waits = sum(err.count(f"building into {tmp_path}") for _, err in results)
     assert builds == 1 and waits <= 1, [err[-1500:] for _, err in results]
 
-    jit = tvm_ffi.load_module(libs.pop())["topk_indexer"]
+    lib = libs.pop()
+    assert not exported_own_symbols(lib), exported_own_symbols(lib)[:5]  # test_module_isolation.py: why
+    jit = tvm_ffi.load_module(lib)["topk_indexer"]
     batch = make_batch([3000, 0, 700, 64], seed=71)
     got, expected = poisoned_np((4, 256)), poisoned_np((4, 256))
     jit(*batch.args(), got, False, False, 0)  # numpy inputs (q: uint8 bytes of fp8); sorted, positions, bound
