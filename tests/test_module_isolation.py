@@ -13,6 +13,7 @@ import tvm_ffi
 
 import ffi_dsa
 from ffi_dsa import _build, _ffi_api, _native
+from ffi_dsa.cuda_options import cuda_options
 
 @pytest.mark.parametrize("kind", ["cpu", "cuda"])
 def test_the_installed_modules_export_only_their_entry_points(kind):
@@ -45,11 +46,11 @@ def test_a_copy_of_the_cpu_module_keeps_its_own_kernel_choice(tmp_path):
 
 @pytest.mark.cuda
 def test_a_copy_of_the_cuda_module_keeps_its_own_options(tmp_path):
-    before = ffi_dsa.cuda_options()
+    before = cuda_options()
     copy = _native.bind(copy_of("cuda", tmp_path), _native.CudaFunctions)
     try:
         copy.set_cuda_options(-1, -1, -1, int(not before["select_floor"]), -1)
         assert bool(copy.cuda_options()["select_floor"]) != before["select_floor"]
-        assert ffi_dsa.cuda_options() == before, "setting the copy's options changed the package's module"
+        assert cuda_options() == before, "setting the copy's options changed the package's module"
     finally:
         copy.set_cuda_options(-1, -1, -1, int(before["select_floor"]), -1)
