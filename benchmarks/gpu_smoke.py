@@ -55,6 +55,9 @@ CASES = {
     "split_cluster": Case(CLUSTER_ROWS, options=SPLIT),
     "split_cluster_sorted": Case(CLUSTER_ROWS, sorted=True, options=SPLIT),
     "split_cluster_n2": Case(CLUSTER_ROWS, queries=2, options=SPLIT),
+    "split_paired": Case((30000, 9000, 8000, 2100), options={**SPLIT, "max_select_cluster": 1, "select_threads": 512}),
+    "split_paired_sorted": Case((30000, 9000, 8000, 2100), sorted=True,
+                                options={**SPLIT, "max_select_cluster": 1, "select_threads": 512}),
     "stamps_fused_n2": Case(None, queries=2, options={"stamp_select": True}),
     "stamps_split": Case(CLUSTER_ROWS, options={**SPLIT, "stamp_select": True}),
 }

@@ -57,9 +57,9 @@ class CudaFunctions(NamedTuple):
 
     topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool, int], None]
     prefill_topk_indexer: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool, bool], None]
-    # (fused, pdl, max_select_cluster, select_floor, stamp_select), -1 = unchanged
+    # (fused, pdl, max_select_cluster, select_floor, stamp_select, select_threads), -1 = unchanged
     # -> the previous settings (launch/tuning.h)
-    set_cuda_options: Callable[[int, int, int, int, int], Mapping[str, int]]
+    set_cuda_options: Callable[[int, int, int, int, int, int], Mapping[str, int]]
     cuda_options: Callable[[], Mapping[str, int]]
     # (device, slots, clear) -> the select stamps' words (impls/sm90_select_stamps.cuh)
     select_stamps: Callable[[int, int, bool], Sequence[int]]
@@ -86,7 +86,7 @@ SCHEMAS = {
     CudaFunctions: {
         "topk_indexer": _DECODE,
         "prefill_topk_indexer": _PREFILL,
-        "set_cuda_options": "Callable[[int, int, int, int, int], Map[str, int]]",
+        "set_cuda_options": "Callable[[int, int, int, int, int, int], Map[str, int]]",
         "cuda_options": "Callable[[], Map[str, int]]",
         "select_stamps": "Callable[[int, int, bool], Array[int]]",
     },

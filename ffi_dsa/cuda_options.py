@@ -20,6 +20,10 @@ them is a tuning knob for users:
   when its last id is written, and the SM's cycle counter at the end of each phase;
   :func:`select_stamps` reads them (``benchmarks/kernel_timeline.py``: the fused path's select
   tail, and both paths' phases).
+* ``select_threads``: ``SelectRowsKernel``'s CTA size where a query row gets one CTA: ``0`` the
+  schedule's choice (512 threads, two CTAs an SM, when a launch has more such rows than SMs; else
+  1024, one an SM), or ``512`` / ``1024`` for every such launch. Clusters (long rows) always take
+  1024. ``512`` falls back to 1024 on a GPU where two such CTAs do not fit an SM.
 
 The settings live in the CUDA module (cuda/include/ffi_dsa/launch/tuning.h), which is loaded (and,
 without a prebuilt one, compiled) on first use.
@@ -30,9 +34,21 @@ from __future__ import annotations
 import contextlib
 from typing import NamedTuple
 
+import numpy as np
+
 from . import _ffi_api
 
 _UNCHANGED = -1
+
+
+def _number(name: str, value) -> int:
+    if value is None:
+        return _UNCHANGED
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+    if value < 0:  # the native call reads -1 as "unchanged"
+        raise ValueError(f"{name} must not be negative, got {value}")
+    return int(value)
 
 
 def _flag(name: str, value) -> int:
@@ -45,20 +61,21 @@ def _flag(name: str, value) -> int:
 
 def set_cuda_options(*, fused: bool | None = None, pdl: bool | None = None,
                      max_select_cluster: int | None = None, select_floor: bool | None = None,
-                     stamp_select: bool | None = None) -> dict:
+                     stamp_select: bool | None = None, select_threads: int | None = None) -> dict:
     """Set the options given (None leaves one as it is) and return all of them as they were before,
     to restore with ``set_cuda_options(**previous)``. ValueError (and no change) for a value the
     kernels do not support."""
-    cluster = _UNCHANGED if max_select_cluster is None else int(max_select_cluster)
+    cluster = _number("max_select_cluster", max_select_cluster)
+    threads = _number("select_threads", select_threads)
     previous = _ffi_api.cuda().set_cuda_options(_flag("fused", fused), _flag("pdl", pdl), cluster,
                                                 _flag("select_floor", select_floor),
-                                                _flag("stamp_select", stamp_select))
+                                                _flag("stamp_select", stamp_select), threads)
     return _as_options(previous)
 
 
 def cuda_options() -> dict:
     """The options the next CUDA call uses: ``{"fused": bool, "pdl": bool, "max_select_cluster": int,
-    "select_floor": bool, "stamp_select": bool}``."""
+    "select_floor": bool, "stamp_select": bool, "select_threads": int}``."""
     return _as_options(_ffi_api.cuda().cuda_options())
 
 
@@ -124,4 +141,4 @@ def using_cuda_options(**options):
 def _as_options(native) -> dict:
     return {"fused": bool(native["fused"]), "pdl": bool(native["pdl"]),
             "max_select_cluster": int(native["max_select_cluster"]), "select_floor": bool(native["select_floor"]),
-            "stamp_select": bool(native["stamp_select"])}
+            "stamp_select": bool(native["stamp_select"]), "select_threads": int(native["select_threads"])}

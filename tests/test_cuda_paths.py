@@ -5,6 +5,8 @@ checks that the option really changes which kernels run, so the comparison canno
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +19,8 @@ from mtp_batches import Form, mtp_batch
 
 pytestmark = pytest.mark.cuda
 
-DEFAULTS = {"fused": True, "pdl": True, "max_select_cluster": 16, "select_floor": False, "stamp_select": False}
+DEFAULTS = {"fused": True, "pdl": True, "max_select_cluster": 16, "select_floor": False, "stamp_select": False,
+            "select_threads": 0}
 
 
 @pytest.fixture(autouse=True)
@@ -41,6 +44,15 @@ def kernels_run(args, **options) -> set[str]:
     names = {e.name for e in p.events() if "ffi_dsa" in e.name}
     return {kernel for kernel in ("FusedRowsKernel", "ScorePagesKernel", "SelectRowsKernel")
             if any(f"::{kernel}" in name for name in names)}
+
+
+def select_cta_sizes(args, **options) -> set[int]:
+    """The CTA sizes (SelectRowsKernel's template argument) of the select kernels one call launches."""
+    with using_cuda_options(**options), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+        run_dps(args)
+        torch.cuda.synchronize()
+    found = (re.search(r"::SelectRowsKernel<(\d+)>", e.name) for e in p.events())
+    return {int(m.group(1)) for m in found if m}
 
 
 def test_the_fused_option_picks_the_kernels():
@@ -174,12 +186,51 @@ def test_every_select_cluster_cap_gives_the_same_bytes(sorted_):
     assert_valid_topk(outs[16], batch, sorted=sorted_)
 
 
+def test_both_select_cta_sizes_give_the_same_bytes_past_their_staged_keys():
+    """Rows selected by one CTA each (clusters capped at 1), from short to longer than what a CTA of
+    512 threads stages with two an SM (20K keys unsorted, 12K sorted on an H100: those read their
+    keys from L2 on every pass), by CTAs of 1024 and of 512 threads: the same bytes, both orders."""
+    lens = [32768, 24000, 20481, 20480, 12289, 12288, 9000, 8192, 2049, 2048, 300, 0]
+    batch = make_batch(lens, seed=308)
+    batch.block_table[2, 3] = -1
+    batch.weights[4, 5] = np.nan
+    args = batch.to_torch("cuda")
+    with using_cuda_options(fused=False, max_select_cluster=1):
+        for threads in (1024, 512):
+            assert select_cta_sizes(args, select_threads=threads) == {threads}
+        for sorted_ in (False, True):
+            outs = {}
+            for threads in (1024, 512):
+                with using_cuda_options(select_threads=threads):
+                    outs[threads] = run_dps(args, sorted=sorted_)
+            np.testing.assert_array_equal(outs[512], outs[1024], err_msg=f"sorted={sorted_}")
+            assert_valid_topk(outs[512], batch, sorted=sorted_)
+
+
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+def test_more_query_rows_than_sms_take_two_select_ctas_an_sm(sorted_):
+    """N = 4 on the split path with more query rows than SMs: the schedule's select CTAs are of 512
+    threads (one wave of two an SM); one query row fewer than the SMs keeps 1024. Both give the
+    bytes of 1024-thread CTAs."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for rows, want in ((sms // 4 + 1, 512), (sms // 4, 1024)):
+        lens = np.random.default_rng(309 + rows).integers(2000, 8193, size=rows)
+        batch = mtp_batch(Form(4, 64), lens, seed=309 + rows)
+        args = batch.to_torch("cuda")
+        with using_cuda_options(fused=False):
+            assert select_cta_sizes(args) == {want}, f"{rows} rows of N = 4"
+            planned = run_dps(args, sorted=sorted_)
+            with using_cuda_options(select_threads=1024):
+                wide = run_dps(args, sorted=sorted_)
+        np.testing.assert_array_equal(planned, wide, err_msg=f"{rows} rows of N = 4")
+
+
 def test_options_round_trip_and_restore():
     assert cuda_options() == DEFAULTS
-    previous = set_cuda_options(fused=False, max_select_cluster=4)
+    previous = set_cuda_options(fused=False, max_select_cluster=4, select_threads=512)
     assert previous == DEFAULTS
     assert cuda_options() == {"fused": False, "pdl": True, "max_select_cluster": 4, "select_floor": False,
-                             "stamp_select": False}
+                             "stamp_select": False, "select_threads": 512}
     set_cuda_options(**previous)
     with pytest.raises(RuntimeError, match="inside"):
         with using_cuda_options(pdl=False):
@@ -193,6 +244,10 @@ def test_options_round_trip_and_restore():
     ({"max_select_cluster": 32}, ValueError, "max_select_cluster must be 1, 2, 4, 8 or 16, got 32"),
     ({"fused": "yes"}, TypeError, "fused must be True, False or None"),
     ({"pdl": 1}, TypeError, "pdl must be True, False or None"),
+    ({"select_threads": 256}, ValueError, r"select_threads must be 0 \(the schedule's\), 512 or 1024, got 256"),
+    ({"select_threads": -1}, ValueError, "select_threads must not be negative, got -1"),
+    ({"select_threads": 512.0}, TypeError, "select_threads must be an int or None, got float"),
+    ({"max_select_cluster": True}, TypeError, "max_select_cluster must be an int or None, got bool"),
 ])
 def test_bad_option_is_a_clear_error_and_changes_nothing(options, error, match):
     with pytest.raises(error, match=match):

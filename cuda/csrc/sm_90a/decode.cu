@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
@@ -30,7 +31,7 @@ ClusterOccupancy SelectClusterOccupancy() {
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(static_cast<unsigned>(size));
     config.blockDim = dim3(kSelectRowsThreads);
-    config.dynamicSmemBytes = SelectSmemBytes(kMaxStagedKeys);
+    config.dynamicSmemBytes = SelectSmemBytes<kSelectRowsThreads>(kMaxStagedKeys, true);
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = static_cast<unsigned>(size);
@@ -39,7 +40,7 @@ ClusterOccupancy SelectClusterOccupancy() {
     config.attrs = &attr;
     config.numAttrs = 1;
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, SelectRowsKernel, &config) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&clusters, SelectRowsKernel<kSelectRowsThreads>, &config) != cudaSuccess) {
       (void)cudaGetLastError();  // a refused size is an answer, not a sticky error
       clusters = 0;
     }
@@ -47,6 +48,31 @@ ClusterOccupancy SelectClusterOccupancy() {
   }
   occupancy.active[1] = std::max(occupancy.active[1], 1);  // one CTA per row always launches
   return occupancy;
+}
+
+// The most keys (whole tiles) a kPairedSelectThreads CTA may stage with two such CTAs an SM, for
+// unsorted and sorted launches (the sort storage comes on top): half the SM's shared memory, less
+// the per-CTA reservation, less the CTA's fixed part; then checked with the driver's occupancy
+// calculator, which also counts registers (0 if it does not confirm two).
+void PairedStagedLimits(int device, uint32_t (&limit)[2]) {
+  int per_sm = 0, reserved = 0;
+  TVM_FFI_CHECK_CUDA_ERROR(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  TVM_FFI_CHECK_CUDA_ERROR(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
+  constexpr int64_t kTile = topk::Shape<kPairedSelectThreads>::kTileKeys;
+  for (int sorted = 0; sorted < 2; ++sorted) {
+    const int64_t fixed = static_cast<int64_t>(SelectSmemBytes<kPairedSelectThreads>(0, sorted == 1));
+    const int64_t keys = (int64_t(per_sm) / 2 - reserved - fixed) / int64_t(sizeof(uint32_t)) / kTile * kTile;
+    limit[sorted] = keys < kTile ? 0u : StagedCapacity<kPairedSelectThreads>(keys);
+    int ctas = 0;
+    const size_t bytes = SelectSmemBytes<kPairedSelectThreads>(limit[sorted], sorted == 1);
+    if (limit[sorted] != 0 &&
+        (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, SelectRowsKernel<kPairedSelectThreads>,
+                                                       kPairedSelectThreads, bytes) != cudaSuccess ||
+         ctas < 2)) {
+      (void)cudaGetLastError();
+      limit[sorted] = 0;
+    }
+  }
 }
 
 // Calls f(heads, queries) for every (H, N) the kernels are compiled for, each as a constexpr
@@ -64,10 +90,11 @@ void ForEachQueryShape(F&& f) {
   for_queries(std::integral_constant<int, kNumHeadsNarrow>{});
 }
 
-// Every decode kernel may use the device's whole opt-in shared memory; SelectRowsKernel may form
-// clusters beyond the portable 8 CTAs.
+// Every decode kernel may use the device's whole opt-in shared memory; SelectRowsKernel's one-an-SM
+// CTAs may form clusters beyond the portable 8 CTAs.
 void SetKernelAttributes(int optin) {
-  std::vector<const void*> kernels{reinterpret_cast<const void*>(SelectRowsKernel)};
+  std::vector<const void*> kernels{reinterpret_cast<const void*>(SelectRowsKernel<kSelectRowsThreads>),
+                                  reinterpret_cast<const void*>(SelectRowsKernel<kPairedSelectThreads>)};
   ForEachQueryShape([&kernels](auto heads, auto queries) {
     kernels.push_back(reinterpret_cast<const void*>(ScorePagesKernel<heads(), queries()>));
     kernels.push_back(reinterpret_cast<const void*>(FusedRowsKernel<heads(), queries()>));
@@ -75,7 +102,8 @@ void SetKernelAttributes(int optin) {
   for (const void* kernel : kernels) {
     TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
   }
-  TVM_FFI_CHECK_CUDA_ERROR(cudaFuncSetAttribute(SelectRowsKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  TVM_FFI_CHECK_CUDA_ERROR(
+      cudaFuncSetAttribute(SelectRowsKernel<kSelectRowsThreads>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 }
 
 // The device's facts, with the kernel attributes set on it, once per device (it is current).
@@ -84,7 +112,7 @@ const DeviceFacts& DecodeDeviceFacts(int device) {
     DeviceFacts f;
     static_cast<ffi_dsa::DeviceFacts&>(f) = ffi_dsa::GetDeviceFacts(d);
     // The kernels have fixed shared-memory footprints: check them once per device, not per call.
-    const size_t select_bytes = SelectSmemBytes(kMaxStagedKeys);
+    const size_t select_bytes = SelectSmemBytes<kSelectRowsThreads>(kMaxStagedKeys, true);
     const size_t score_bytes = ScoreSmemBytes<kNumHeads, kMaxQueries>();
     if (std::max(score_bytes, select_bytes) > f.max_smem_optin) {
       TVM_FFI_THROW(RuntimeError) << "internal: the kernels need " << score_bytes << " and " << select_bytes
@@ -92,6 +120,7 @@ const DeviceFacts& DecodeDeviceFacts(int device) {
     }
     SetKernelAttributes(static_cast<int>(f.max_smem_optin));
     f.select_clusters = SelectClusterOccupancy();
+    PairedStagedLimits(d, f.paired_staged_limit);
     return f;
   });
 }

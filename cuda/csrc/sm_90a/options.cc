@@ -25,12 +25,14 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> TuningAsMap(const sm90::Tuning& t) {
           {"pdl", t.programmatic_launch},
           {"max_select_cluster", t.max_select_cluster},
           {"select_floor", t.select_floor},
-          {"stamp_select", t.stamp_select}};
+          {"stamp_select", t.stamp_select},
+          {"select_threads", t.select_threads}};
 }
 
 // The knobs for later calls; -1 leaves one as it is. Returns the settings it replaced.
 tvm::ffi::Map<tvm::ffi::String, int64_t> SetCudaOptions(int64_t fused, int64_t pdl, int64_t max_select_cluster,
-                                                          int64_t select_floor, int64_t stamp_select) {
+                                                          int64_t select_floor, int64_t stamp_select,
+                                                          int64_t select_threads) {
   for (const auto& [name, value] : {std::pair<const char*, int64_t>{"fused", fused},
                                     {"pdl", pdl},
                                     {"select_floor", select_floor},
@@ -42,6 +44,10 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> SetCudaOptions(int64_t fused, int64_t p
   if (max_select_cluster != -1 && !sm90::ValidSelectClusterCap(static_cast<int>(max_select_cluster))) {
     TVM_FFI_THROW(ValueError) << "max_select_cluster must be 1, 2, 4, 8 or 16, got " << max_select_cluster;
   }
+  if (select_threads != -1 && !sm90::ValidSelectThreads(static_cast<int>(select_threads))) {
+    TVM_FFI_THROW(ValueError) << "select_threads must be 0 (the schedule's), " << sm90::kPairedSelectThreads << " or "
+                              << sm90::kSelectRowsThreads << ", got " << select_threads;
+  }
   const sm90::Tuning previous = sm90::CurrentTuning();
   sm90::Tuning next = previous;
   if (fused != -1) next.fused = fused == 1;
@@ -49,6 +55,7 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> SetCudaOptions(int64_t fused, int64_t p
   if (max_select_cluster != -1) next.max_select_cluster = static_cast<int>(max_select_cluster);
   if (select_floor != -1) next.select_floor = select_floor == 1;
   if (stamp_select != -1) next.stamp_select = stamp_select == 1;
+  if (select_threads != -1) next.select_threads = static_cast<int>(select_threads);
   sm90::SetTuning(next);
   return TuningAsMap(previous);
 }

@@ -13,7 +13,12 @@ struct Schedule {
   bool fused;            // the fused path: FusedRowsKernel, one CTA per row; else the split path below
   int32_t score_ctas;    // ScorePagesKernel: one persistent CTA per SM (fewer if there are fewer pages)
   int32_t cluster_size;  // SelectRowsKernel: CTAs per query row
+  int32_t select_threads;  // SelectRowsKernel: threads a CTA (kSelectRowsThreads or kPairedSelectThreads)
 };
+
+// SelectRowsKernel's CTA sizes: one CTA an SM (and every cluster's), or two an SM.
+constexpr int kSelectRowsThreads = 1024;
+constexpr int kPairedSelectThreads = 512;
 
 // FusedRowsKernel streams each row with the row's own CTA, and one CTA's TMA unit moves pages far
 // slower than HBM delivers them: HBM speed takes most of the SMs streaming at once. So the fused
@@ -44,8 +49,14 @@ struct ClusterOccupancy {
 // longer slices; a row of at most slice_keys tokens is a cluster's first CTA's alone.
 // `fused_fits`: the fused path is enabled (launch/tuning.h) and a CTA's shared memory holds the row's
 // N queries and N x the table's width of keys.
+//
+// Select CTAs of 1024 threads fill an SM each, so more single-CTA query rows than SMs (N = 4:
+// B = 64 is 256 query rows, B = 128 is 512) run in waves, each wave waiting for its slowest row.
+// There the select takes CTAs of 512 threads, two an SM: half the waves (one for up to 2 x SMs
+// rows), each row on half the threads. `paired_fits`: two such CTAs fit an SM at the launch's
+// shared memory (sm90_device_facts.h). Clusters keep 1024 threads: their rows are the long ones.
 inline Schedule PlanSchedule(int64_t batch, int64_t queries, int64_t max_pages, int64_t planned_tokens, int num_sms,
-                             int64_t slice_keys, const ClusterOccupancy& occupancy, bool fused_fits) {
+                             int64_t slice_keys, const ClusterOccupancy& occupancy, bool fused_fits, bool paired_fits) {
   Schedule s;
   s.score_ctas = static_cast<int32_t>(std::clamp<int64_t>(batch * std::max<int64_t>(1, max_pages), 1,
                                                           std::max(1, num_sms)));
@@ -59,6 +70,7 @@ inline Schedule PlanSchedule(int64_t batch, int64_t queries, int64_t max_pages, 
   const int64_t rows = batch * std::max<int64_t>(1, queries);
   while (cluster > 1 && occupancy.active[cluster] < rows) --cluster;
   s.cluster_size = cluster;
+  s.select_threads = cluster == 1 && paired_fits && rows > num_sms ? kPairedSelectThreads : kSelectRowsThreads;
   s.fused = fused_fits && static_cast<double>(batch) >= kFusedMinSmShare * num_sms;
   return s;
 }

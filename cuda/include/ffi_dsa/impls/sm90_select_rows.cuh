@@ -9,6 +9,9 @@
 //
 // 1024 threads at <= 64 registers: the select is a chain of short phases of a few instructions per
 // key each, so it wants as many warps per scheduler as the SM holds (8), to issue while others wait.
+// A launch of more single-CTA query rows than SMs instead takes CTAs of 512 threads, two an SM
+// (kPairedSelectThreads): the same warps an SM, from two rows, so every row of a batch of up to
+// 2 x SMs query rows (N = 4's) starts at once instead of in a second wave behind the first.
 //
 // Launched with programmatic stream serialization: its CTAs are placed while ScorePagesKernel runs,
 // read their inputs (lengths, page ids) and then wait for its keys. Rows that need no scores (at
@@ -41,27 +44,36 @@ static_assert(kMaxSelectCluster <= topk::kMaxRanks, "the cluster exchanges");
 constexpr uint32_t kMaxStagedKeys = 32768;
 constexpr int kMaxStagedPages = kMaxStagedKeys / kPageTokens;
 
-constexpr int kSelectRowsThreads = 1024;
-using SelectShape = topk::Shape<kSelectRowsThreads>;
-static_assert(kMaxStagedKeys % SelectShape::kTileKeys == 0, "staged slices are whole tiles");
+static_assert(kMaxStagedKeys % topk::Shape<kSelectRowsThreads>::kTileKeys == 0, "staged slices are whole tiles");
 
+template <int kThreads>
 struct SelectRowsSmem {
-  topk::Storage<kSelectRowsThreads> select;
-  topk::SortStorage<kSelectRowsThreads> sorting;  // the cluster's first CTA's receives every winner (sorted)
+  topk::Storage<kThreads> select;
   int32_t slice_pages[kMaxStagedPages];  // page ids of a staged slice: emitting a winner is a smem lookup
   uint32_t page_offsets[32];             // WriteWholeRow
   uint32_t whole_row_count;
 };
-// Dynamic shared memory of a launch: SelectRowsSmem, then the staged keys (whole tiles).
-__host__ __device__ constexpr size_t StagedKeysOffset() { return (sizeof(SelectRowsSmem) + 127) / 128 * 128; }
-__host__ __device__ constexpr size_t SelectSmemBytes(uint32_t staged_capacity) {
-  return StagedKeysOffset() + size_t(staged_capacity) * sizeof(uint32_t);
+// Dynamic shared memory of a launch: SelectRowsSmem, the staged keys (whole tiles), then, for
+// sorted output only, the sort storage (the cluster's first CTA's receives every winner): an
+// unsorted launch leaves its 32 KB to the keys, or to a second CTA on the SM.
+template <int kThreads>
+__host__ __device__ constexpr size_t StagedKeysOffset() {
+  return (sizeof(SelectRowsSmem<kThreads>) + 127) / 128 * 128;
 }
-// Staged keys the launch asks for: whole tiles, at most kMaxStagedKeys.
-__host__ __device__ constexpr uint32_t StagedCapacity(int64_t keys) {
-  const int64_t tile = SelectShape::kTileKeys;
+template <int kThreads>
+__host__ __device__ constexpr size_t SortStorageOffset(uint32_t staged_capacity) {
+  return StagedKeysOffset<kThreads>() + size_t(staged_capacity) * sizeof(uint32_t);
+}
+template <int kThreads>
+__host__ __device__ constexpr size_t SelectSmemBytes(uint32_t staged_capacity, bool sorted) {
+  return SortStorageOffset<kThreads>(staged_capacity) + (sorted ? sizeof(topk::SortStorage<kThreads>) : 0);
+}
+// Staged keys the launch asks for: whole tiles, at most `limit` (itself whole tiles).
+template <int kThreads>
+__host__ __device__ constexpr uint32_t StagedCapacity(int64_t keys, uint32_t limit = kMaxStagedKeys) {
+  const int64_t tile = topk::Shape<kThreads>::kTileKeys;
   const int64_t whole = (keys + tile - 1) / tile * tile;
-  return static_cast<uint32_t>(whole < int64_t(kMaxStagedKeys) ? whole : int64_t(kMaxStagedKeys));
+  return static_cast<uint32_t>(whole < int64_t(limit) ? whole : int64_t(limit));
 }
 
 // Slice length per CTA: whole pages, so slices start on a page (and 16-byte aligned).
@@ -125,20 +137,24 @@ __device__ void WriteWholeRow(const SelectParams& p, int64_t query_row, int64_t 
 
 // Copies this thread's quads of the slice from L2 into `staged` (null: not staged) and counts them
 // into the histogram. Keys past the slice's end (to whole tiles) are staged as kNotCandidate.
-__device__ __forceinline__ void StageAndCount(topk::Storage<kSelectRowsThreads>& s, uint32_t* global, uint32_t m,
+template <int kThreads>
+__device__ __forceinline__ void StageAndCount(topk::Storage<kThreads>& s, uint32_t* global, uint32_t m,
                                               uint32_t* staged, int tid) {
   const topk::SliceKeys from{nullptr, global, m};
-  topk::ForEachQuad<kSelectRowsThreads>(from, 0, topk::Tiles<kSelectRowsThreads>(from), tid,
-                                        [&](uint32_t, uint32_t pos, const uint4& q) {
+  topk::ForEachQuad<kThreads>(from, 0, topk::Tiles<kThreads>(from), tid, [&](uint32_t, uint32_t pos, const uint4& q) {
     if (staged != nullptr) *reinterpret_cast<uint4*>(staged + pos) = q;
     topk::CountQuad(s, q);
   });
 }
 
-__global__ void __launch_bounds__(kSelectRowsThreads, 1) SelectRowsKernel(const SelectParams p) {
+// kThreads: kSelectRowsThreads or kPairedSelectThreads (the host's choice, sm90_schedule.h), at
+// most 64 registers either way: the SM's 64K registers hold 1024 threads.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads, kSelectRowsThreads / kThreads) SelectRowsKernel(const SelectParams p) {
+  static_assert(kThreads == kSelectRowsThreads || kThreads == kPairedSelectThreads, "the two CTA sizes");
   extern __shared__ __align__(128) uint8_t select_smem_raw[];
-  SelectRowsSmem& smem = *reinterpret_cast<SelectRowsSmem*>(select_smem_raw);
-  uint32_t* staged_keys = reinterpret_cast<uint32_t*>(select_smem_raw + StagedKeysOffset());
+  auto& smem = *reinterpret_cast<SelectRowsSmem<kThreads>*>(select_smem_raw);
+  uint32_t* staged_keys = reinterpret_cast<uint32_t*>(select_smem_raw + StagedKeysOffset<kThreads>());
   auto& s = smem.select;
   const int cluster_size = static_cast<int>(cooperative_groups::this_cluster().num_blocks());
   const int cluster_rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
@@ -162,7 +178,7 @@ __global__ void __launch_bounds__(kSelectRowsThreads, 1) SelectRowsKernel(const 
   if (!ScoresNeeded(n, p.topk, p.sorted)) {  // the same branch for every CTA of the cluster
     if (p.let_next_in) AllowDependentLaunch();  // this CTA reads no keys
     if (cluster_rank == 0) {
-      WriteWholeRow<kSelectRowsThreads>(p, query_row, row, n, smem.slice_pages, smem.page_offsets,
+      WriteWholeRow<kThreads>(p, query_row, row, n, smem.slice_pages, smem.page_offsets,
                                         smem.whole_row_count, tid);
     }
     // ScorePagesKernel had nothing to do for this row, but this grid must not finish before it:
@@ -186,7 +202,7 @@ __global__ void __launch_bounds__(kSelectRowsThreads, 1) SelectRowsKernel(const 
   const int32_t* table = p.block_table + row * p.max_pages + begin / kPageTokens;
   if (staged) {
 #pragma unroll 1
-    for (uint32_t i = tid; i < (m + kPageTokens - 1) / kPageTokens; i += kSelectRowsThreads) {
+    for (uint32_t i = tid; i < (m + kPageTokens - 1) / kPageTokens; i += kThreads) {
       smem.slice_pages[i] = __ldcg(table + i);
     }
   }
@@ -196,7 +212,7 @@ __global__ void __launch_bounds__(kSelectRowsThreads, 1) SelectRowsKernel(const 
   WaitForPrecedingGrid();  // ScorePagesKernel's keys
   if (stamped && tid == 0) StampStart(s.stamps);
 
-  StageAndCount(s, slice_keys, m, staged ? staged_keys : nullptr, tid);
+  StageAndCount<kThreads>(s, slice_keys, m, staged ? staged_keys : nullptr, tid);
   __syncthreads();
   if (stamped && tid == 0) StampAt(s.stamps, kStampBinnedCycles);
   // A staged slice's workspace reads are behind us; a slice read from L2 lets the next kernel in
@@ -208,13 +224,15 @@ __global__ void __launch_bounds__(kSelectRowsThreads, 1) SelectRowsKernel(const 
   o.out = p.topk_indices + query_row * p.topk;
   o.pages = staged ? smem.slice_pages : table;
   o.row_table = p.block_table + row * p.max_pages;
-  o.words = ctas > 1 ? topk::AtRank(smem.sorting.words, 0) : smem.sorting.words;
+  auto* sorting = p.sorted ? reinterpret_cast<topk::SortStorage<kThreads>*>(
+                                 select_smem_raw + SortStorageOffset<kThreads>(p.staged_capacity))
+                           : nullptr;
+  o.words = sorting == nullptr ? nullptr : ctas > 1 ? topk::AtRank(sorting->words, 0) : sorting->words;
   o.begin = begin;
   o.positions = p.positions;
   o.sorted = p.sorted;
   const topk::SliceKeys keys{staged ? staged_keys : nullptr, slice_keys, m};
-  topk::SelectRow<kSelectRowsThreads, 0>(s, &smem.sorting, keys, o, static_cast<uint32_t>(p.topk), ctas, rank, stamped,
-                                         tid);
+  topk::SelectRow<kThreads, 0>(s, sorting, keys, o, static_cast<uint32_t>(p.topk), ctas, rank, stamped, tid);
 }
 
 }  // namespace ffi_dsa::sm90

@@ -95,6 +95,32 @@ void LaunchScorePages(const IndexerArgs& a, const Schedule& plan, uint32_t* keys
       .Run(ScorePagesKernel<kHeads, kQueries>, KCacheTensorMap(a.k_cache, a.num_pages), QTensorMap(a), sp);
 }
 
+// SelectRowsKernel with kThreads a CTA: one cluster of `cluster` CTAs per query row, shared memory
+// for sel.staged_capacity keys (and the sort storage, sorted output).
+template <int kThreads>
+void LaunchSelectRows(const SelectParams& sel, int64_t query_rows, int cluster, cudaStream_t stream,
+                      bool programmatic) {
+  const unsigned grid = static_cast<unsigned>(query_rows * cluster);
+  Launch(grid, kThreads, SelectSmemBytes<kThreads>(sel.staged_capacity, sel.sorted), stream, cluster, programmatic)
+      .Run(SelectRowsKernel<kThreads>, sel);
+}
+
+// The select's CTA size (the schedule's, or the select_threads knob's where a row gets one CTA)
+// and the keys a CTA stages: shared memory for the longest slice the plan gives a CTA, and at least
+// for a row selected alone (slices of longer rows, beyond the caller's bound, read L2); a CTA of
+// two an SM stages at most what lets two fit (longer slices read L2).
+inline int SelectThreads(const Schedule& plan, const Tuning& tuning, const DeviceFacts& device, bool sorted) {
+  if (plan.cluster_size > 1 || tuning.select_threads == 0) return plan.select_threads;
+  if (tuning.select_threads == kPairedSelectThreads && device.paired_staged_limit[sorted] == 0) return kSelectRowsThreads;
+  return tuning.select_threads;
+}
+inline uint32_t SelectStagedCapacity(int threads, int64_t slice, const DeviceFacts& device, bool sorted) {
+  if (threads == kPairedSelectThreads) {
+    return StagedCapacity<kPairedSelectThreads>(slice, device.paired_staged_limit[sorted]);
+  }
+  return StagedCapacity<kSelectRowsThreads>(slice);
+}
+
 // Picks the schedule from shapes and launches it on `stream`.
 template <int kHeads, int kQueries>
 void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning& tuning, cudaStream_t stream,
@@ -105,7 +131,8 @@ void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning
   const int64_t planned_tokens = PlannedTokens(a, o);
   const ClusterOccupancy clusters = CapClusters(device.select_clusters, tuning.max_select_cluster);
   const Schedule plan = PlanSchedule(a.batch, a.queries, a.max_pages, planned_tokens, device.sm_count, kSliceKeys,
-                                     clusters, FusedFits<kHeads, kQueries>(device, tuning, max_tokens));
+                                     clusters, FusedFits<kHeads, kQueries>(device, tuning, max_tokens),
+                                     device.paired_staged_limit[sorted_by_score] > 0);
   // Scores are needed unless no row has a token, or no query can be longer than K with the output
   // by position (sm90_rows.cuh: ScoresNeeded): then SelectRowsKernel alone, no workspace.
   const bool score = a.max_pages > 0 && ScoresNeeded(row_stride, static_cast<int32_t>(a.topk), sorted_by_score);
@@ -121,19 +148,21 @@ void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning
   uint32_t* keys = reinterpret_cast<uint32_t*>(workspace.data());
   if (score) LaunchScorePages<kHeads, kQueries>(a, plan, keys, sorted_by_score, stream, pdl);
   sel.keys = keys;
-  // Shared memory for the longest slice the plan gives a CTA, and at least for a row selected alone
-  // (slices of longer rows, beyond the caller's bound, read L2).
-  sel.staged_capacity =
-      StagedCapacity(std::max(SliceLength(planned_tokens, plan.cluster_size), std::min<int64_t>(max_tokens, kSliceKeys)));
+  const int threads = SelectThreads(plan, tuning, device, sorted_by_score);
+  const int64_t slice =
+      std::max(SliceLength(planned_tokens, plan.cluster_size), std::min<int64_t>(max_tokens, kSliceKeys));
+  sel.staged_capacity = SelectStagedCapacity(threads, slice, device, sorted_by_score);
   // One cluster per query row. Behind ScorePagesKernel the select CTAs are placed while it still
   // runs and read seq_lens and the block table at once (ScorePagesKernel lets them launch only after
   // its own wait for the stream's previous kernel), then wait for its keys. As the call's first
   // kernel (rows that need no scores) SelectRowsKernel waits before reading anything.
   sel.wait_before_inputs = !score && pdl;
   sel.stop_after_staging = tuning.select_floor;
-  const unsigned grid = static_cast<unsigned>(a.query_rows() * plan.cluster_size);
-  Launch(grid, kSelectRowsThreads, SelectSmemBytes(sel.staged_capacity), stream, plan.cluster_size, score || pdl)
-      .Run(SelectRowsKernel, sel);
+  if (threads == kPairedSelectThreads) {
+    LaunchSelectRows<kPairedSelectThreads>(sel, a.query_rows(), plan.cluster_size, stream, score || pdl);
+  } else {
+    LaunchSelectRows<kSelectRowsThreads>(sel, a.query_rows(), plan.cluster_size, stream, score || pdl);
+  }
 }
 
 }  // namespace ffi_dsa::sm90

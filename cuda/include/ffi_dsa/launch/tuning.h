@@ -29,9 +29,17 @@ struct Tuning {
   // written, and the SM's cycles at each phase's end, into a buffer of the module's
   // (sm90_select_stamps.h), so a benchmark can time the select and its phases on either path.
   bool stamp_select = false;
+  // SelectRowsKernel's CTA size where the schedule gives a query row one CTA: 0 the schedule's
+  // choice (sm90_schedule.h), or kSelectRowsThreads / kPairedSelectThreads for every such launch,
+  // so both sizes can be tested and timed on the same shapes. Clusters are always of
+  // kSelectRowsThreads.
+  int select_threads = 0;
 };
 
 inline bool ValidSelectClusterCap(int cap) { return cap == 1 || cap == 2 || cap == 4 || cap == 8 || cap == 16; }
+inline bool ValidSelectThreads(int threads) {
+  return threads == 0 || threads == kSelectRowsThreads || threads == kPairedSelectThreads;
+}
 
 namespace tuning_detail {
 inline std::atomic<bool> fused{true};
@@ -39,6 +47,7 @@ inline std::atomic<bool> programmatic_launch{true};
 inline std::atomic<int> max_select_cluster{kMaxSelectCluster};
 inline std::atomic<bool> select_floor{false};
 inline std::atomic<bool> stamp_select{false};
+inline std::atomic<int> select_threads{0};
 }  // namespace tuning_detail
 
 inline Tuning CurrentTuning() {
@@ -48,16 +57,19 @@ inline Tuning CurrentTuning() {
   t.max_select_cluster = tuning_detail::max_select_cluster.load(std::memory_order_relaxed);
   t.select_floor = tuning_detail::select_floor.load(std::memory_order_relaxed);
   t.stamp_select = tuning_detail::stamp_select.load(std::memory_order_relaxed);
+  t.select_threads = tuning_detail::select_threads.load(std::memory_order_relaxed);
   return t;
 }
 
-// The caller checks max_select_cluster with ValidSelectClusterCap first.
+// The caller checks max_select_cluster with ValidSelectClusterCap and select_threads with
+// ValidSelectThreads first.
 inline void SetTuning(const Tuning& t) {
   tuning_detail::fused.store(t.fused, std::memory_order_relaxed);
   tuning_detail::programmatic_launch.store(t.programmatic_launch, std::memory_order_relaxed);
   tuning_detail::max_select_cluster.store(t.max_select_cluster, std::memory_order_relaxed);
   tuning_detail::select_floor.store(t.select_floor, std::memory_order_relaxed);
   tuning_detail::stamp_select.store(t.stamp_select, std::memory_order_relaxed);
+  tuning_detail::select_threads.store(t.select_threads, std::memory_order_relaxed);
 }
 
 // The device's select-cluster occupancy with the sizes above the cap taken away.
