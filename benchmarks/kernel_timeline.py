@@ -24,7 +24,8 @@ On either path a second line gives the phases of the select that ends last in ea
 call's critical one), from the same stamps in SM cycles, medians over the replays: on the split
 path "from its start" counts from the moment the scoring kernel's keys are readable to the CTA
 (so the kernel boundary is the tail "after score" less this), "binned" includes the staging.
-`--queries N` times N query tokens per row; `--floor` adds a second line per workload with the
+`--queries N` times N query tokens per row; `--select-threads 512|1024` sets the split path's select
+CTA size where a row gets one CTA (default: the schedule's); `--floor` adds a second line per workload with the
 select stopped once its keys are staged and binned (ffi_dsa.cuda_options select_floor: nothing is
 written), the split path's fixed cost.
 """
@@ -40,7 +41,7 @@ import tempfile
 import torch
 
 import ffi_dsa  # noqa: E402
-from ffi_dsa.cuda_options import SELECT_PHASES, select_stamps, using_cuda_options  # noqa: E402
+from ffi_dsa.cuda_options import SELECT_PHASES, select_stamps, set_cuda_options, using_cuda_options  # noqa: E402
 from bench_gpu import Clock, _clock_hz, capture_graphs, rotating_sets, workloads  # noqa: E402
 
 MB = 1 << 20
@@ -177,6 +178,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-sets", type=int, default=64)
     parser.add_argument("--queries", type=int, default=None, help="N query tokens per row (default: 1, rank-3 q)")
     parser.add_argument("--floor", action="store_true", help="also time the select stopped after staging")
+    parser.add_argument("--select-threads", type=int, default=0, choices=[0, 512, 1024],
+                        help="SelectRowsKernel's CTA size for rows on one CTA (ffi_dsa.cuda_options; 0: the schedule's)")
     a = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("kernel_timeline: needs a CUDA GPU")
@@ -185,6 +188,9 @@ def main(argv=None) -> int:
     print(f"one tiny kernel in a graph, event-bracketed: {tiny_graph_us(clock, 200):.2f} us", flush=True)
     specs = workloads()
     n = f" N={a.queries}" if a.queries else ""
+    if a.select_threads:
+        n += f" select_threads={a.select_threads}"
+        set_cuda_options(select_threads=a.select_threads)
     for name in a.workloads.split(","):
         print(timeline(name, specs[name], clock, a.replays, a.max_sets, a.queries, n), flush=True)
         if a.floor:

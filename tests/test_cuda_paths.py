@@ -210,7 +210,7 @@ def test_both_select_cta_sizes_give_the_same_bytes_past_their_staged_keys():
 @pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
 def test_more_query_rows_than_sms_take_two_select_ctas_an_sm(sorted_):
     """N = 4 on the split path with more query rows than SMs: the schedule's select CTAs are of 512
-    threads (one wave of two an SM); one query row fewer than the SMs keeps 1024. Both give the
+    threads (two an SM); at most as many query rows as SMs (B = SMs // 4) keep 1024. Both give the
     bytes of 1024-thread CTAs."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for rows, want in ((sms // 4 + 1, 512), (sms // 4, 1024)):
@@ -247,6 +247,8 @@ def test_options_round_trip_and_restore():
     ({"select_threads": 256}, ValueError, r"select_threads must be 0 \(the schedule's\), 512 or 1024, got 256"),
     ({"select_threads": -1}, ValueError, "select_threads must not be negative, got -1"),
     ({"select_threads": 512.0}, TypeError, "select_threads must be an int or None, got float"),
+    ({"select_threads": 2**32 + 512}, ValueError, r"select_threads must be 0 \(the schedule's\), 512 or 1024, got 4294967808"),
+    ({"max_select_cluster": 2**32 + 1}, ValueError, "max_select_cluster must be 1, 2, 4, 8 or 16, got 4294967297"),
     ({"max_select_cluster": True}, TypeError, "max_select_cluster must be an int or None, got bool"),
 ])
 def test_bad_option_is_a_clear_error_and_changes_nothing(options, error, match):

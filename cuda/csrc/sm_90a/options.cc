@@ -9,6 +9,7 @@
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/string.h>
 
+#include <climits>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -41,10 +42,13 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> SetCudaOptions(int64_t fused, int64_t p
       TVM_FFI_THROW(ValueError) << name << " must be True or False, got " << value;
     }
   }
-  if (max_select_cluster != -1 && !sm90::ValidSelectClusterCap(static_cast<int>(max_select_cluster))) {
+  // Range first: a value past int would pass the checks below once narrowed.
+  auto is_int = [](int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; };
+  if (max_select_cluster != -1 &&
+      (!is_int(max_select_cluster) || !sm90::ValidSelectClusterCap(static_cast<int>(max_select_cluster)))) {
     TVM_FFI_THROW(ValueError) << "max_select_cluster must be 1, 2, 4, 8 or 16, got " << max_select_cluster;
   }
-  if (select_threads != -1 && !sm90::ValidSelectThreads(static_cast<int>(select_threads))) {
+  if (select_threads != -1 && (!is_int(select_threads) || !sm90::ValidSelectThreads(static_cast<int>(select_threads)))) {
     TVM_FFI_THROW(ValueError) << "select_threads must be 0 (the schedule's), " << sm90::kPairedSelectThreads << " or "
                               << sm90::kSelectRowsThreads << ", got " << select_threads;
   }
