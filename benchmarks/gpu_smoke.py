@@ -5,7 +5,8 @@ failure after seconds, not a call that runs out its whole limit with nothing sai
     python benchmarks/gpu_smoke.py [--device cuda|cpu] [--timeout S] [--cases a,b,...]
 
 A case is one path of the module: the fused kernel at N = 1, 2 and 4, sorted output, the split
-path for rows one CTA selects and for rows on a cluster, the select stamps on either path
+path for rows one CTA selects (of 1024 threads, and of 512 with a row longer than such a CTA
+stages) and for rows on a cluster, the select stamps on either path
 (ffi_dsa.cuda_options). Its child makes one batch of fresh random data and calls it twice into
 poisoned outputs (fuzz.py's Runner: on CUDA the repeat on a second stream); the two must be the
 same bytes and pass ``ffi_dsa.check_topk`` (the float64 reference, the contract's tolerance). A child still running at the time limit is killed
@@ -46,6 +47,7 @@ class Case:
 
 CLUSTER_ROWS = (70000, 20000, 5000, 1000)  # one row on a cluster of CTAs, one of <= K tokens
 SPLIT = {"fused": False}
+PAIRED = {**SPLIT, "max_select_cluster": 1, "select_threads": 512}  # 512-thread select CTAs, one a row
 CASES = {
     "fused_n1": Case(None),
     "fused_n2": Case(None, queries=2),
@@ -55,9 +57,8 @@ CASES = {
     "split_cluster": Case(CLUSTER_ROWS, options=SPLIT),
     "split_cluster_sorted": Case(CLUSTER_ROWS, sorted=True, options=SPLIT),
     "split_cluster_n2": Case(CLUSTER_ROWS, queries=2, options=SPLIT),
-    "split_paired": Case((30000, 9000, 8000, 2100), options={**SPLIT, "max_select_cluster": 1, "select_threads": 512}),
-    "split_paired_sorted": Case((30000, 9000, 8000, 2100), sorted=True,
-                                options={**SPLIT, "max_select_cluster": 1, "select_threads": 512}),
+    "split_paired": Case((30000, 9000, 8000, 2100), options=PAIRED),
+    "split_paired_sorted": Case((30000, 9000, 8000, 2100), sorted=True, options=PAIRED),
     "stamps_fused_n2": Case(None, queries=2, options={"stamp_select": True}),
     "stamps_split": Case(CLUSTER_ROWS, options={**SPLIT, "stamp_select": True}),
 }

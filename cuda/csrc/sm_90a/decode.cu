@@ -51,26 +51,22 @@ ClusterOccupancy SelectClusterOccupancy() {
 }
 
 // The most keys (whole tiles) a kPairedSelectThreads CTA may stage with two such CTAs an SM, for
-// unsorted and sorted launches (the sort storage comes on top): half the SM's shared memory, less
-// the per-CTA reservation, less the CTA's fixed part; then checked with the driver's occupancy
-// calculator, which also counts registers (0 if it does not confirm two).
-void PairedStagedLimits(int device, uint32_t (&limit)[2]) {
-  int per_sm = 0, reserved = 0;
-  TVM_FFI_CHECK_CUDA_ERROR(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  TVM_FFI_CHECK_CUDA_ERROR(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
-  constexpr int64_t kTile = topk::Shape<kPairedSelectThreads>::kTileKeys;
+// unsorted and sorted launches (the sort storage comes on top), as the driver's occupancy
+// calculator sees it (shared memory, the per-CTA reservation, registers); 0 where not even one
+// tile leaves room for two.
+void PairedStagedLimits(uint32_t (&limit)[2]) {
+  constexpr uint32_t kTile = topk::Shape<kPairedSelectThreads>::kTileKeys;
   for (int sorted = 0; sorted < 2; ++sorted) {
-    const int64_t fixed = static_cast<int64_t>(SelectSmemBytes<kPairedSelectThreads>(0, sorted == 1));
-    const int64_t keys = (int64_t(per_sm) / 2 - reserved - fixed) / int64_t(sizeof(uint32_t)) / kTile * kTile;
-    limit[sorted] = keys < kTile ? 0u : StagedCapacity<kPairedSelectThreads>(keys);
-    int ctas = 0;
-    const size_t bytes = SelectSmemBytes<kPairedSelectThreads>(limit[sorted], sorted == 1);
-    if (limit[sorted] != 0 &&
-        (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, SelectRowsKernel<kPairedSelectThreads>,
-                                                       kPairedSelectThreads, bytes) != cudaSuccess ||
-         ctas < 2)) {
-      (void)cudaGetLastError();
-      limit[sorted] = 0;
+    limit[sorted] = 0;
+    for (uint32_t keys = kMaxStagedKeys; keys >= kTile && limit[sorted] == 0; keys -= kTile) {
+      int ctas = 0;
+      const size_t bytes = SelectSmemBytes<kPairedSelectThreads>(keys, sorted == 1);
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, SelectRowsKernel<kPairedSelectThreads>,
+                                                        kPairedSelectThreads, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();  // a refused size is an answer, not a sticky error
+        ctas = 0;
+      }
+      if (ctas >= 2) limit[sorted] = keys;
     }
   }
 }
@@ -120,7 +116,7 @@ const DeviceFacts& DecodeDeviceFacts(int device) {
     }
     SetKernelAttributes(static_cast<int>(f.max_smem_optin));
     f.select_clusters = SelectClusterOccupancy();
-    PairedStagedLimits(d, f.paired_staged_limit);
+    PairedStagedLimits(f.paired_staged_limit);
     return f;
   });
 }

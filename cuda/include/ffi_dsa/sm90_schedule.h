@@ -54,9 +54,11 @@ struct ClusterOccupancy {
 // B = 64 is 256 query rows, B = 128 is 512) run in waves, each wave waiting for its slowest row.
 // There the select takes CTAs of 512 threads, two an SM: half the waves (one for up to 2 x SMs
 // rows), each row on half the threads. `paired_fits`: two such CTAs fit an SM at the launch's
-// shared memory (sm90_device_facts.h). Clusters keep 1024 threads: their rows are the long ones.
+// shared memory (sm90_device_facts.h). `select_threads`: launch/tuning.h's knob (0: this rule).
+// Clusters keep 1024 threads: their rows are the long ones.
 inline Schedule PlanSchedule(int64_t batch, int64_t queries, int64_t max_pages, int64_t planned_tokens, int num_sms,
-                             int64_t slice_keys, const ClusterOccupancy& occupancy, bool fused_fits, bool paired_fits) {
+                             int64_t slice_keys, const ClusterOccupancy& occupancy, bool fused_fits, bool paired_fits,
+                             int select_threads) {
   Schedule s;
   s.score_ctas = static_cast<int32_t>(std::clamp<int64_t>(batch * std::max<int64_t>(1, max_pages), 1,
                                                           std::max(1, num_sms)));
@@ -70,7 +72,8 @@ inline Schedule PlanSchedule(int64_t batch, int64_t queries, int64_t max_pages, 
   const int64_t rows = batch * std::max<int64_t>(1, queries);
   while (cluster > 1 && occupancy.active[cluster] < rows) --cluster;
   s.cluster_size = cluster;
-  s.select_threads = cluster == 1 && paired_fits && rows > num_sms ? kPairedSelectThreads : kSelectRowsThreads;
+  const int one_cta = select_threads != 0 ? select_threads : rows > num_sms ? kPairedSelectThreads : kSelectRowsThreads;
+  s.select_threads = cluster == 1 && paired_fits ? one_cta : kSelectRowsThreads;
   s.fused = fused_fits && static_cast<double>(batch) >= kFusedMinSmShare * num_sms;
   return s;
 }

@@ -178,8 +178,7 @@ __global__ void __launch_bounds__(kThreads, kSelectRowsThreads / kThreads) Selec
   if (!ScoresNeeded(n, p.topk, p.sorted)) {  // the same branch for every CTA of the cluster
     if (p.let_next_in) AllowDependentLaunch();  // this CTA reads no keys
     if (cluster_rank == 0) {
-      WriteWholeRow<kThreads>(p, query_row, row, n, smem.slice_pages, smem.page_offsets,
-                                        smem.whole_row_count, tid);
+      WriteWholeRow<kThreads>(p, query_row, row, n, smem.slice_pages, smem.page_offsets, smem.whole_row_count, tid);
     }
     // ScorePagesKernel had nothing to do for this row, but this grid must not finish before it:
     // stream order promises later work both kernels' completion.

@@ -105,15 +105,9 @@ void LaunchSelectRows(const SelectParams& sel, int64_t query_rows, int cluster, 
       .Run(SelectRowsKernel<kThreads>, sel);
 }
 
-// The select's CTA size (the schedule's, or the select_threads knob's where a row gets one CTA)
-// and the keys a CTA stages: shared memory for the longest slice the plan gives a CTA, and at least
-// for a row selected alone (slices of longer rows, beyond the caller's bound, read L2); a CTA of
-// two an SM stages at most what lets two fit (longer slices read L2).
-inline int SelectThreads(const Schedule& plan, const Tuning& tuning, const DeviceFacts& device, bool sorted) {
-  if (plan.cluster_size > 1 || tuning.select_threads == 0) return plan.select_threads;
-  if (tuning.select_threads == kPairedSelectThreads && device.paired_staged_limit[sorted] == 0) return kSelectRowsThreads;
-  return tuning.select_threads;
-}
+// The keys a select CTA stages: shared memory for the longest slice the plan gives a CTA, and at
+// least for a row selected alone (slices of longer rows, beyond the caller's bound, read L2); a CTA
+// of two an SM stages at most what lets two fit (longer slices read L2).
 inline uint32_t SelectStagedCapacity(int threads, int64_t slice, const DeviceFacts& device, bool sorted) {
   if (threads == kPairedSelectThreads) {
     return StagedCapacity<kPairedSelectThreads>(slice, device.paired_staged_limit[sorted]);
@@ -132,7 +126,7 @@ void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning
   const ClusterOccupancy clusters = CapClusters(device.select_clusters, tuning.max_select_cluster);
   const Schedule plan = PlanSchedule(a.batch, a.queries, a.max_pages, planned_tokens, device.sm_count, kSliceKeys,
                                      clusters, FusedFits<kHeads, kQueries>(device, tuning, max_tokens),
-                                     device.paired_staged_limit[sorted_by_score] > 0);
+                                     device.paired_staged_limit[sorted_by_score] > 0, tuning.select_threads);
   // Scores are needed unless no row has a token, or no query can be longer than K with the output
   // by position (sm90_rows.cuh: ScoresNeeded): then SelectRowsKernel alone, no workspace.
   const bool score = a.max_pages > 0 && ScoresNeeded(row_stride, static_cast<int32_t>(a.topk), sorted_by_score);
@@ -148,7 +142,7 @@ void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning
   uint32_t* keys = reinterpret_cast<uint32_t*>(workspace.data());
   if (score) LaunchScorePages<kHeads, kQueries>(a, plan, keys, sorted_by_score, stream, pdl);
   sel.keys = keys;
-  const int threads = SelectThreads(plan, tuning, device, sorted_by_score);
+  const int threads = plan.select_threads;
   const int64_t slice =
       std::max(SliceLength(planned_tokens, plan.cluster_size), std::min<int64_t>(max_tokens, kSliceKeys));
   sel.staged_capacity = SelectStagedCapacity(threads, slice, device, sorted_by_score);

@@ -1,6 +1,6 @@
 // What the sm90 decode launch needs to know about a device beyond launch/device_facts.h: how many
-// select clusters of each size it holds at once, and how many keys a select CTA of two an SM stages. Found once per device, with the decode kernels'
-// attributes, by cuda/csrc/sm_90a/decode.cu.
+// select clusters of each size it holds at once, and how many keys a select CTA of two an SM
+// stages. Found once per device, with the decode kernels' attributes, by cuda/csrc/sm_90a/decode.cu.
 #pragma once
 
 #include <cstdint>
