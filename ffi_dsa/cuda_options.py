@@ -113,18 +113,20 @@ def select_stamps(device: int, slots: int, *, clear: bool = True) -> list[Select
     far, or ``None`` for a slot no stamped select started. Slot ``rank * query_rows + query_row``:
     the query row's select (``b * N + j``), by the CTA of that rank in the row's cluster on the split
     path (rank 0 alone for a row selected by one CTA; always 0 on the fused path). A query row that
-    needs no scores has no select and no stamps. Synchronizes the device; ``clear`` zeroes the
+    needs no scores has no select and no stamps, nor has a slot past the module's stamp buffer
+    (a few thousand slots: those are always ``None``). Synchronizes the device; ``clear`` zeroes the
     stamps afterwards. Call it once before capturing stamped calls in a CUDA graph: the first call
     allocates the device's stamp buffer, which a capture cannot."""
     words = list(_ffi_api.cuda().select_stamps(int(device), int(slots), bool(clear)))
     per_slot = len(SelectStamps._fields)
-    if len(words) != slots * per_slot:
+    held = len(words) // per_slot  # the module's buffer ends there: no select stamps a later slot
+    if held > slots or len(words) != held * per_slot:
         raise RuntimeError(f"internal: {len(words)} stamp words for {slots} slots of {per_slot}")
     out = []
-    for i in range(slots):
+    for i in range(held):
         stamp = SelectStamps(*words[i * per_slot:(i + 1) * per_slot])
         out.append(stamp if stamp.start_ns else None)
-    return out
+    return out + [None] * (slots - held)
 
 
 @contextlib.contextmanager

@@ -107,6 +107,13 @@ def _stamped(args, slots: int, sorted_: bool = False) -> tuple[np.ndarray, list]
     return out, stamps
 
 
+def test_select_stamps_past_the_buffer_are_none_and_negative_slots_an_error():
+    select_stamps(0, 1)  # the buffer exists
+    assert select_stamps(0, 100_000) == [None] * 100_000  # nothing stamped, the tail past the buffer too
+    with pytest.raises(ValueError, match="slots must be >= 0, got -1"):
+        select_stamps(0, -1)
+
+
 def _assert_ordered(stamp, fused: bool) -> None:
     assert stamp.done_ns >= stamp.start_ns > 0
     # the fused kernel's CTA starts on its row's pages before its select may start; the split path

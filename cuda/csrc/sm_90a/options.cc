@@ -66,8 +66,9 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> SetCudaOptions(int64_t fused, int64_t p
 
 tvm::ffi::Map<tvm::ffi::String, int64_t> CudaOptions() { return TuningAsMap(sm90::CurrentTuning()); }
 
-// The stamps of the first `slots` select slots of the calls on `device` so far (kSelectStampWords
-// words a slot, impls/sm90_select_stamps.cuh; zeros for a slot no stamped select wrote); `clear`
+// The stamps of the first `slots` select slots of the calls on `device` so far, up to the buffer's
+// slots (kSelectStampWords words a slot, impls/sm90_select_stamps.cuh; zeros for a slot no stamped
+// select wrote); `clear`
 // zeroes them after the read. Synchronizes the device.
 tvm::ffi::Array<int64_t> SelectStamps(int64_t device, int64_t slots, bool clear) {
   const std::vector<int64_t> words = sm90::ReadSelectStamps(static_cast<int>(device), slots, clear);

@@ -12,7 +12,8 @@ namespace ffi_dsa::sm90 {
 // The device's stamp buffer, allocated and zeroed on first use (the device is current).
 unsigned long long* SelectStampBuffer(int device);
 
-// The first `slots` slots' words after the device's work so far; `clear` zeroes them afterwards,
+// The first `slots` slots' words (at most the buffer's kMaxSelectStampSlots: later slots are never
+// stamped) after the device's work so far; `clear` zeroes them afterwards,
 // so that the next read shows only what later calls wrote.
 std::vector<int64_t> ReadSelectStamps(int device, int64_t slots, bool clear);
 
