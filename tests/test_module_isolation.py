@@ -49,8 +49,8 @@ def test_a_copy_of_the_cuda_module_keeps_its_own_options(tmp_path):
     before = cuda_options()
     copy = _native.bind(copy_of("cuda", tmp_path), _native.CudaFunctions)
     try:
-        copy.set_cuda_options(-1, -1, -1, int(not before["select_floor"]), -1)
+        copy.set_cuda_options(-1, -1, -1, int(not before["select_floor"]), -1, -1)
         assert bool(copy.cuda_options()["select_floor"]) != before["select_floor"]
         assert cuda_options() == before, "setting the copy's options changed the package's module"
     finally:
-        copy.set_cuda_options(-1, -1, -1, int(before["select_floor"]), -1)
+        copy.set_cuda_options(-1, -1, -1, int(before["select_floor"]), -1, -1)
