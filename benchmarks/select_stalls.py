@@ -19,6 +19,7 @@ import argparse
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 KERNELS = "regex:SelectRowsKernel|FusedRowsKernel"
 SECTIONS = ("WarpStateStats", "SchedulerStats", "InstructionStats", "LaunchStats", "SourceCounters")
@@ -52,6 +53,8 @@ def main(argv=None) -> int:
         return child(a.child, a.queries)
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     extra = ["--queries", str(a.queries)] if a.queries else []
+    if a.sass:
+        Path(a.sass).mkdir(parents=True, exist_ok=True)
     for name in a.workloads.split(","):
         cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--kernel-name", KERNELS,
                "--launch-skip", "1", "--launch-count", "1", "--import-source", "yes"]
