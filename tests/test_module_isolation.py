@@ -6,7 +6,9 @@ test_build_lock.py.)"""
 
 from __future__ import annotations
 
+import ctypes
 import shutil
+import subprocess
 
 import pytest
 import tvm_ffi
@@ -14,6 +16,24 @@ import tvm_ffi
 import ffi_dsa
 from ffi_dsa import _build, _ffi_api, _native
 from ffi_dsa.cuda_options import cuda_options
+
+
+def test_the_check_sees_exported_cpp_and_the_exports_map_hides_it(tmp_path):
+    source = tmp_path / "lib.cc"
+    source.write_text("namespace ffi_dsa { int Setting() { static int value = 1; return value++; } }\n"
+                      # as TVM_FFI_DLL_EXPORT_TYPED_FUNC declares an entry point
+                      'extern "C" __attribute__((visibility("default"))) int __tvm_ffi_entry() {\n'
+                      "  return ffi_dsa::Setting();\n}\n")
+    exported, hidden = tmp_path / "exported.so", tmp_path / "hidden.so"
+    compiler = shutil.which("c++") or shutil.which("g++")
+    assert compiler, "no C++ compiler on PATH (the modules' builds need one too)"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", str(source), "-o", str(exported)], check=True)
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", *_build.HIDDEN_SYMBOLS, str(source), "-o", str(hidden),
+                    f"-Wl,--version-script={_build.native_dir() / _build.EXPORTS_MAP}"], check=True)
+    assert any("_ZN7ffi_dsa7SettingEv" in s for s in _build.exported_own_symbols(exported))
+    assert _build.exported_own_symbols(hidden) == []
+    assert getattr(ctypes.CDLL(str(hidden)), "__tvm_ffi_entry")() == 1  # the entry point still leaves
+
 
 @pytest.mark.parametrize("kind", ["cpu", "cuda"])
 def test_the_installed_modules_export_only_their_entry_points(kind):
