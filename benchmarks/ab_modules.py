@@ -8,14 +8,14 @@ Two builds timed in two processes, a minute apart, differ by what the machine di
 (benchmarks/NOTES.md). Here both modules are loaded into one process and each workload's CUDA
 graphs of both (one call each) are replayed in alternating rounds, which of the two goes first
 alternating too, over one rotation of L2-cold input sets (bench_gpu.rotating_sets), so drift lands
-on both. With `--device cpu` the CPU modules, called directly. Per workload: each module's median per call
-(CUDA events, every replay of every round), the other/this ratio of those medians with the range
-of the per-round ratios, and whether both wrote the same bytes on every set. The other tree's
-module is built or loaded by that tree's ffi_dsa in a child process (in FFI_DSA_CACHE_DIR, or
-`--against-cache`); both modules must take the same arguments (the bindings' `topk_indexer`) and
+on both. With `--device cpu` the CPU modules, called directly. Per workload: each module's median
+per call (CUDA events, every replay of every round), the other/this ratio of those medians with
+the range of the per-round ratios, and whether both wrote the same bytes on every set. The other
+tree's module is built or loaded by that tree's ffi_dsa in a child process (in FFI_DSA_CACHE_DIR,
+or `--against-cache`); both modules must take the same arguments (the bindings' `topk_indexer`) and
 export none of their own C++ (cuda/module_exports.map: a module built before that ran the first
-module's code, so the two timed alike; such a module is refused, exit 2). Exit code 1 if any output
-differs.
+module's code, so the two timed alike; such a module is refused, exit 2). Exit code 1 if any
+output differs.
 """
 
 from __future__ import annotations
@@ -115,14 +115,15 @@ def main(argv=None) -> int:
     import tvm_ffi
 
     this = _ffi_api.cuda() if a.device == "cuda" else _ffi_api.cpu()
+    this_path = _ffi_api.module_path(a.device)
     other_path = other_module_path(a.against, a.against_cache, a.device)
-    for path in (_ffi_api.module_path(a.device), other_path):
+    for path in (this_path, other_path):
         if own := _build.exported_own_symbols(path):
             parser.exit(2, f"ab_modules: {path} exports {len(own)} symbols of its own C++ (e.g. {own[0]}): in one "
                            "process with another module it would run that module's code; rebuild it from a tree "
                            "with cuda/module_exports.map\n")
     kernels = {"this": this.topk_indexer, "other": tvm_ffi.load_module(other_path).topk_indexer}
-    print(f"this:  {_ffi_api.module_path(a.device)}\nother: {other_path}", flush=True)
+    print(f"this:  {this_path}\nother: {other_path}", flush=True)
     ok = True
     for name in a.workloads.split(","):
         line, same = compare(name, specs[name], kernels, a.device, a.rotate_mb, a.rounds, a.replays, a.queries)

@@ -43,7 +43,8 @@
 # COUNTERS_WORKLOADS (default W1,W2,W3,W4,W5,W6), JAX_PROCESSES (process counts of bench_jax_processes,
 # default 1,2) and JAX_PROCESSES_ARGS (its extra options),
 # PYTEST_ARGS (default "-q -x tests"; e.g. "-q -m cuda tests" for the GPU's tests alone), TEST_PROCESSES
-# (default: the CPU cores), TEST_THREADS (default 1), TEST_TIMEOUT (seconds a part may run, default 900; exit 124 past it), TEST_STACK_AFTER
+# (default: the CPU cores), TEST_THREADS (default 1), TEST_TIMEOUT (seconds a part may run, default
+# 900; exit 124 past it), TEST_STACK_AFTER
 # (seconds one test runs before its stack is printed, default 120), SMOKE_TIMEOUT (seconds a smoke
 # case may run, default 90), SANITIZE_TOOLS (default "memcheck racecheck synccheck initcheck"),
 # SANITIZE_TIMEOUT (seconds per tool, default 150), FFI_DSA_CACHE_DIR (default /tmp/ffi_dsa_cache).

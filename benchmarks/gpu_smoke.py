@@ -6,11 +6,11 @@ failure after seconds, not a call that runs out its whole limit with nothing sai
 
 A case is one path of the module: the fused kernel at N = 1, 2 and 4, sorted output, the split
 path for rows one CTA selects (of 1024 threads, and of 512 with a row longer than such a CTA
-stages) and for rows on a cluster, the select stamps on either path
-(ffi_dsa.cuda_options). Its child makes one batch of fresh random data and calls it twice into
-poisoned outputs (fuzz.py's Runner: on CUDA the repeat on a second stream); the two must be the
-same bytes and pass ``ffi_dsa.check_topk`` (the float64 reference, the contract's tolerance). A child still running at the time limit is killed
-and reported as a hang: a hung kernel keeps its process from ever returning. Shortly before the
+stages) and for rows on a cluster, the select stamps on either path (ffi_dsa.cuda_options). Its
+child makes one batch of fresh random data and calls it twice into poisoned outputs (fuzz.py's
+Runner: on CUDA the repeat on a second stream); the two must be the same bytes and pass
+``ffi_dsa.check_topk`` (the float64 reference, the contract's tolerance). A child still running at
+the time limit is killed and reported as a hang: a hung kernel keeps its process from ever returning. Shortly before the
 limit the child prints its Python stack (faulthandler), which says where it waits (a synchronize
 behind a kernel, or host code). The module is loaded, or built, by this process before the first
 case, outside every limit. ``--device cpu`` makes the same calls on the CPU path (the options
