@@ -407,33 +407,8 @@ __device__ void ThresholdBinCluster(Storage<kThreads>& s, uint32_t topk, int ran
 
 // ---- 2. the member pass -------------------------------------------------------------------------
 
-// The keys of a quad inside [lo, hi] (`in` of them, at least one) appended to the member list with
-// their row positions (quad_position: the first key's), and the list's key range widened to them.
-// Not inlined: the rare path's registers stay out of the pass (the split path's select runs at 64).
-template <int kThreads>
-__device__ __noinline__ void ListMembers(Storage<kThreads>& s, uint4 q, uint32_t in, uint32_t lo, uint32_t hi,
-                                         uint32_t quad_position) {
-  const uint32_t quad[4] = {q.x, q.y, q.z, q.w};
-  uint32_t j = atomicAdd(&s.totals.listed, in);
-  uint32_t least = UINT_MAX, most = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if (quad[i] >= lo && quad[i] <= hi) {
-      if (j < kMemberCapacity) s.members[j] = make_uint2(quad[i], quad_position + i);
-      ++j;
-      least = min(least, quad[i]);
-      most = max(most, quad[i]);
-    }
-  }
-  atomicMin(&s.totals.lo, least);
-  atomicMax(&s.totals.hi, most);
-}
-
 // Over the slice: the first chunk's (tile, warp) counts, packed (keys above bin [lo, hi]) << 16 |
 // (keys in it); this CTA's totals; and with `collect` the bin's keys with their row positions.
-// The bin's keys are few where it is ranked (tens of a spread row's thousands; a bin of one value
-// is not collected), so a warp lists them only where its count says it holds any: one uniform
-// branch a quad, not a branch and three atomics a key.
 template <int kThreads>
 __device__ void MemberPass(Storage<kThreads>& s, const SliceKeys& keys, uint32_t begin, uint32_t lo, uint32_t hi,
                            bool collect, int tid) {
@@ -444,16 +419,20 @@ __device__ void MemberPass(Storage<kThreads>& s, const SliceKeys& keys, uint32_t
   uint32_t greater = 0, equal = 0;  // this warp's, uniform
   ForEachQuad<kThreads>(keys, 0, tiles, tid, [&](uint32_t t, uint32_t pos, const uint4& q) {
     const uint32_t quad[4] = {q.x, q.y, q.z, q.w};
-    uint32_t mine = 0;
+    uint32_t packed = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const bool in = quad[i] >= lo && quad[i] <= hi;  // lo >= kNaNKey: never a non-candidate
-      mine += (uint32_t(quad[i] > hi) << 16) + uint32_t(in);
+      const uint32_t key = quad[i];
+      const bool in = key >= lo && key <= hi;  // lo >= kNaNKey: never a non-candidate
+      packed += (uint32_t(key > hi) << 16) + uint32_t(in);
+      if (collect && in) {
+        const uint32_t j = atomicAdd(&s.totals.listed, 1u);
+        if (j < kMemberCapacity) s.members[j] = make_uint2(key, begin + pos + i);
+        atomicMin(&s.totals.lo, key);
+        atomicMax(&s.totals.hi, key);
+      }
     }
-    const uint32_t packed = WarpSum(mine);
-    if (collect && (packed & 0xFFFFu) != 0) {  // uniform
-      if ((mine & 0xFFFFu) != 0) ListMembers(s, q, mine & 0xFFFFu, lo, hi, begin + pos);
-    }
+    packed = WarpSum(packed);
     if (table && lane == 0) s.table[t * kWarps + warp] = packed;
     greater += packed >> 16;
     equal += packed & 0xFFFFu;
