@@ -95,24 +95,19 @@ void LaunchScorePages(const IndexerArgs& a, const Schedule& plan, uint32_t* keys
       .Run(ScorePagesKernel<kHeads, kQueries>, KCacheTensorMap(a.k_cache, a.num_pages), QTensorMap(a), sp);
 }
 
-// SelectRowsKernel with kThreads a CTA: one cluster of `cluster` CTAs per query row, shared memory
-// for sel.staged_capacity keys (and the sort storage, sorted output).
+// SelectRowsKernel with kThreads a CTA: one cluster of `cluster` CTAs per query row. Its shared
+// memory stages the longest slice the plan gives a CTA (`slice`; slices of longer rows, beyond the
+// caller's bound, read L2), at most kMaxStagedKeys, or for CTAs of two an SM what lets two fit;
+// the sort storage comes on top for sorted output.
 template <int kThreads>
-void LaunchSelectRows(const SelectParams& sel, int64_t query_rows, int cluster, cudaStream_t stream,
-                      bool programmatic) {
+void LaunchSelectRows(SelectParams sel, int64_t slice, const DeviceFacts& device, int64_t query_rows, int cluster,
+                      cudaStream_t stream, bool programmatic) {
+  sel.staged_capacity = kThreads == kPairedSelectThreads
+                            ? StagedCapacity<kThreads>(slice, device.paired_staged_limit[sel.sorted])
+                            : StagedCapacity<kThreads>(slice);
   const unsigned grid = static_cast<unsigned>(query_rows * cluster);
   Launch(grid, kThreads, SelectSmemBytes<kThreads>(sel.staged_capacity, sel.sorted), stream, cluster, programmatic)
       .Run(SelectRowsKernel<kThreads>, sel);
-}
-
-// The keys a select CTA stages: shared memory for the longest slice the plan gives a CTA, and at
-// least for a row selected alone (slices of longer rows, beyond the caller's bound, read L2); a CTA
-// of two an SM stages at most what lets two fit (longer slices read L2).
-inline uint32_t SelectStagedCapacity(int threads, int64_t slice, const DeviceFacts& device, bool sorted) {
-  if (threads == kPairedSelectThreads) {
-    return StagedCapacity<kPairedSelectThreads>(slice, device.paired_staged_limit[sorted]);
-  }
-  return StagedCapacity<kSelectRowsThreads>(slice);
 }
 
 // Picks the schedule from shapes and launches it on `stream`.
@@ -142,20 +137,18 @@ void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning
   uint32_t* keys = reinterpret_cast<uint32_t*>(workspace.data());
   if (score) LaunchScorePages<kHeads, kQueries>(a, plan, keys, sorted_by_score, stream, pdl);
   sel.keys = keys;
-  const int threads = plan.select_threads;
   const int64_t slice =
       std::max(SliceLength(planned_tokens, plan.cluster_size), std::min<int64_t>(max_tokens, kSliceKeys));
-  sel.staged_capacity = SelectStagedCapacity(threads, slice, device, sorted_by_score);
   // One cluster per query row. Behind ScorePagesKernel the select CTAs are placed while it still
   // runs and read seq_lens and the block table at once (ScorePagesKernel lets them launch only after
   // its own wait for the stream's previous kernel), then wait for its keys. As the call's first
   // kernel (rows that need no scores) SelectRowsKernel waits before reading anything.
   sel.wait_before_inputs = !score && pdl;
   sel.stop_after_staging = tuning.select_floor;
-  if (threads == kPairedSelectThreads) {
-    LaunchSelectRows<kPairedSelectThreads>(sel, a.query_rows(), plan.cluster_size, stream, score || pdl);
+  if (plan.select_threads == kPairedSelectThreads) {
+    LaunchSelectRows<kPairedSelectThreads>(sel, slice, device, a.query_rows(), plan.cluster_size, stream, score || pdl);
   } else {
-    LaunchSelectRows<kSelectRowsThreads>(sel, a.query_rows(), plan.cluster_size, stream, score || pdl);
+    LaunchSelectRows<kSelectRowsThreads>(sel, slice, device, a.query_rows(), plan.cluster_size, stream, score || pdl);
   }
 }
 
