@@ -7,7 +7,7 @@ reference, on one CTA and on clusters (rows longer than one CTA's slice), agains
 select-cluster cap, and in both orders, by the split path's select (SelectRowsKernel, on the bin
 select of sm90_bin_select.cuh). The distributions reach:
 - a K-th bin of a few members, split by a digit of the keys first, and ranked by all pairs where
-  its members bunch in one digit;
+  its members bunch in one digit, or where copies of a key straddle the cut (ties by position);
 - a band of 1800 near-equal keys around the K-th key: a bin of more members than the select lists
   (its search inside the bin);
 - a quarter of the row in that band: that search over a bin of tens of thousands of keys;
@@ -117,6 +117,19 @@ def bunched(n, rng):
     return v
 
 
+def small_bunch(n, rng):
+    """2030 keys high, then in one bin 64 members: 17 keys above 30 copies of a key and 17 below
+    them (K takes the 17 and the first copy by position; the copies share a digit)."""
+    v = rng.uniform(0.01, 0.5, n)
+    order = rng.permutation(n)
+    v[order[:2030]] = rng.uniform(4.0, 8.0, 2030)
+    step = 2.0 ** -10  # one step of the 11 significant bits kept; a bin in [1, 2) spans 16
+    v[order[2030:2047]] = 1.0 + 3 * step
+    v[order[2047:2077]] = 1.0 + 2 * step
+    v[order[2077:2094]] = 1.0
+    return v
+
+
 def nans_last(n, rng):
     """Fewer numbers than K: every number, then NaNs by position (a NaN scale makes a NaN score)."""
     v = np.full(n, np.nan)
@@ -130,7 +143,7 @@ def plateau(n, rng):
 
 
 DISTRIBUTIONS = {"spread": spread, "band": band, "wide_band": wide_band, "huge": huge, "tiny": tiny, "copies": copies,
-                 "bunched": bunched, "nans_last": nans_last}
+                 "bunched": bunched, "nans_last": nans_last, "small_bunch": small_bunch}
 
 
 @pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])

@@ -445,6 +445,11 @@ __device__ void MemberPass(Storage<kThreads>& s, const SliceKeys& keys, uint32_t
 
 // ---- 3. resolve ---------------------------------------------------------------------------------
 
+// Does member `a` come before member `b` in the row's order (key descending, then position
+// ascending)? One 64-bit compare of their rank words: written as `||` of two compares, the
+// all-pairs loops compiled each compare to a branch in a convergence region of its own.
+__device__ __forceinline__ bool Precedes(const uint2& a, const uint2& b) { return RankWord(a.x, a.y) > RankWord(b.x, b.y); }
+
 // Every CTA's totals (rank_totals) and the row's; `lower`: the sums over the ranks before `rank`.
 // A cluster: the first warp copies the ranks' totals once; then every warp combines them lane by
 // lane (lane r: rank r) with warp reductions, not a loop over the ranks in every thread.
@@ -504,7 +509,7 @@ __device__ void RankMembers(Storage<kThreads>& s, const uint2* list, uint32_t co
 #pragma unroll 4
     for (uint32_t j = begin; j < end; ++j) {
       const uint2 o = list[j];
-      before += o.x > me.x || (o.x == me.x && o.y < me.y);
+      before += Precedes(o, me);
     }
     atomicAdd(&s.member_rank[i], before);
   }
@@ -564,7 +569,7 @@ __device__ bool RankByDigit(Storage<kThreads>& s, const uint2* list, uint32_t co
 #pragma unroll 1
     for (uint32_t k = 0; k < in_d; ++k) {
       const uint2 o = list[s.digit_members[k]];
-      before += o.x > me.x || (o.x == me.x && o.y < me.y);
+      before += Precedes(o, me);
     }
     s.member_rank[s.digit_members[i]] = before < need_in_d ? 0u : need;
   }
