@@ -22,6 +22,10 @@ import sys
 from pathlib import Path
 
 KERNELS = "regex:SelectRowsKernel|FusedRowsKernel"
+# Warp-state sampling every 2^(5 + 0) = 32 cycles, ncu's shortest period: a one-CTA select lasts
+# ~15K cycles, and ncu's automatic period gave W1's SelectRowsKernel 23 samples, too few to tell
+# one source line from another.
+SAMPLING = ["--warp-sampling-interval", "0"]
 SECTIONS = ("WarpStateStats", "SchedulerStats", "InstructionStats", "LaunchStats", "SourceCounters")
 
 
@@ -57,7 +61,7 @@ def main(argv=None) -> int:
         Path(a.sass).mkdir(parents=True, exist_ok=True)
     for name in a.workloads.split(","):
         cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--kernel-name", KERNELS,
-               "--launch-skip", "1", "--launch-count", "1", "--import-source", "yes"]
+               "--launch-skip", "1", "--launch-count", "1", "--import-source", "yes", *SAMPLING]
         for section in SECTIONS:
             cmd += ["--section", section]
         cmd += [sys.executable, __file__, "--child", name, *extra]
@@ -70,7 +74,8 @@ def main(argv=None) -> int:
             print(proc.stderr[-1500:])
         if a.sass:
             cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--kernel-name", KERNELS,
-                   "--launch-skip", "1", "--launch-count", "1", "--import-source", "yes", "--section", "SourceCounters",
+                   "--launch-skip", "1", "--launch-count", "1", "--import-source", "yes", *SAMPLING,
+                   "--section", "SourceCounters",
                    "--page", "source", "--print-source", "cuda,sass", "--csv",
                    sys.executable, __file__, "--child", name, *extra]
             src = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
