@@ -59,13 +59,13 @@ def main(argv=None) -> int:
     extra = ["--queries", str(a.queries)] if a.queries else []
     if a.sass:
         Path(a.sass).mkdir(parents=True, exist_ok=True)
-    for name in a.workloads.split(","):
-        cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--kernel-name", KERNELS,
+    # The second call's select kernel, L2 and clocks as the first call leaves them.
+    profile = [ncu, "--clock-control", "none", "--cache-control", "none", "--kernel-name", KERNELS,
                "--launch-skip", "1", "--launch-count", "1", "--import-source", "yes", *SAMPLING]
-        for section in SECTIONS:
-            cmd += ["--section", section]
-        cmd += [sys.executable, __file__, "--child", name, *extra]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    sections = [arg for section in SECTIONS for arg in ("--section", section)]
+    for name in a.workloads.split(","):
+        child_cmd = [sys.executable, __file__, "--child", name, *extra]
+        proc = subprocess.run([*profile, *sections, *child_cmd], capture_output=True, text=True, timeout=300)
         print(f"==== {name} (N = {a.queries or 1}) ====")
         keep = [ln for ln in proc.stdout.splitlines()
                 if ln.strip() and not ln.startswith("==PROF==") and "----" not in ln]
@@ -73,12 +73,8 @@ def main(argv=None) -> int:
         if proc.returncode != 0:
             print(proc.stderr[-1500:])
         if a.sass:
-            cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--kernel-name", KERNELS,
-                   "--launch-skip", "1", "--launch-count", "1", "--import-source", "yes", *SAMPLING,
-                   "--section", "SourceCounters",
-                   "--page", "source", "--print-source", "cuda,sass", "--csv",
-                   sys.executable, __file__, "--child", name, *extra]
-            src = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            page = ["--section", "SourceCounters", "--page", "source", "--print-source", "cuda,sass", "--csv"]
+            src = subprocess.run([*profile, *page, *child_cmd], capture_output=True, text=True, timeout=300)
             with open(f"{a.sass}/{name}_sass.csv", "w") as f:
                 f.write(src.stdout)
             print(f"{name}: per-instruction counts in {a.sass}/{name}_sass.csv ({len(src.stdout)} bytes)")
