@@ -23,7 +23,9 @@ ends the call (whether the call waits for its slowest stream or for a select).
 On either path a second line gives the phases of the select that ends last in each call (the
 call's critical one), from the same stamps in SM cycles, medians over the replays: on the split
 path "from its start" counts from the moment the scoring kernel's keys are readable to the CTA
-(so the kernel boundary is the tail "after score" less this), "binned" includes the staging.
+(so the kernel boundary is the tail "after score" less this), "binned" includes the staging. The
+line ends with the keys in that select's threshold bin (what its resolve ranks) and the most in any
+select of the call (medians over the replays).
 `--queries N` times N query tokens per row; `--select-threads 512|1024` sets the split path's select
 CTA size where a row gets one CTA (default: the schedule's); `--floor` adds a second line per workload with the
 select stopped once its keys are staged and binned (ffi_dsa.cuda_options select_floor: nothing is
@@ -82,6 +84,8 @@ def kernel_records(fns) -> list[dict]:
 
 
 LOOP_ENDS = ["ends_first", "ends_median", "ends_last", "ends_critical"]
+# The threshold bin's keys of the call's last-ending select, and the most of any of its selects.
+BIN_KEYS = ["bin_keys", "bin_keys_max"]
 
 
 def stamped_selects(graphs, slots: int, replays: int) -> tuple[float, float, dict[str, float]]:
@@ -91,11 +95,14 @@ def stamped_selects(graphs, slots: int, replays: int) -> tuple[float, float, dic
     path the median row's page loop (its select's start after its CTA began on the pages, global
     timer; nan on the split path), and "ends_first", "ends_median", "ends_last", "ends_critical":
     the rows' loop ends after the call's first CTA began on its pages (the first, median and last
-    row's, and the last-ending select's row's; nan on the split path). Under select_floor no select
-    ends: then only the staging ("binned") of the last select to start is reported."""
+    row's, and the last-ending select's row's; nan on the split path), and "bin_keys",
+    "bin_keys_max": the keys in the threshold bin of the last-ending select and the most of any of
+    the call's selects. Under select_floor no select ends: then only the staging ("binned") of the
+    last select to start is reported."""
     device = torch.cuda.current_device()
     hz = _clock_hz()
-    call_tails, own, phases = [], [], {name: [] for name in [*SELECT_PHASES, "select", "loop", *LOOP_ENDS]}
+    names = [*SELECT_PHASES, "select", "loop", *LOOP_ENDS, *BIN_KEYS]
+    call_tails, own, phases = [], [], {name: [] for name in names}
     for i in range(replays):
         graphs[i % len(graphs)].replay()
         started = [s for s in select_stamps(device, slots) if s is not None]
@@ -103,8 +110,11 @@ def stamped_selects(graphs, slots: int, replays: int) -> tuple[float, float, dic
         if done:
             call_tails.append((max(s.done_ns for s in done) - max(s.start_ns for s in done)) / 1e3)
             own.append(median([(s.done - s.start) / hz * 1e6 for s in done]))
-            for name, cycles in max(done, key=lambda s: s.done_ns).phases().items():
+            last = max(done, key=lambda s: s.done_ns)
+            for name, cycles in last.phases().items():
                 phases[name].append(cycles / hz * 1e6)
+            phases["bin_keys"].append(last.bin_keys)
+            phases["bin_keys_max"].append(max(s.bin_keys for s in done))
             loops = [(s.start_ns - s.score_ns) / 1e3 for s in done if s.score_ns]
             if loops:
                 phases["loop"].append(median(loops))
@@ -122,7 +132,8 @@ def stamped_selects(graphs, slots: int, replays: int) -> tuple[float, float, dic
 
 def phase_line(name: str, phases: dict[str, float]) -> str:
     parts = " | ".join(f"{p} {phases[p]:5.2f}" for p in SELECT_PHASES)
-    return f"{name:3s} the last select's phases, us: {parts} | from its start {phases['select']:5.2f}"
+    return (f"{name:3s} the last select's phases, us: {parts} | from its start {phases['select']:5.2f} | "
+            f"K-th bin keys {phases['bin_keys']:.0f} (the call's most {phases['bin_keys_max']:.0f})")
 
 
 def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, queries: int | None = None,

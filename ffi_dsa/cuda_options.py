@@ -87,8 +87,9 @@ class SelectStamps(NamedTuple):
     """One select's stamps (cuda/include/ffi_dsa/impls/sm90_select_stamps.cuh): the global timer
     (ns) when it may start and when its last id is written, and the SM's cycle counter at the start
     and at the end of each phase; on the fused path also the global timer when the CTA starts on the
-    row's pages (``start_ns - score_ns``: the page loop's own time). A phase a select did not reach
-    (``select_floor``) is 0."""
+    row's pages (``start_ns - score_ns``: the page loop's own time), and ``bin_keys``, not a time: the
+    row's keys in the threshold bin, which the resolve ranks. A phase a select did not reach
+    (``select_floor``) is 0, and so is ``bin_keys`` then."""
 
     start_ns: int
     done_ns: int
@@ -99,6 +100,7 @@ class SelectStamps(NamedTuple):
     resolved: int    # the cut decided
     done: int        # the last id written
     score_ns: int    # the fused kernel's CTA starts on the row's pages (global timer; 0 on the split path)
+    bin_keys: int    # the row's keys in the threshold bin (a count)
 
     def phases(self) -> dict[str, int]:
         """Each phase's cycles (binned, threshold, members, resolve, emit) and the whole select's."""

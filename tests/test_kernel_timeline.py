@@ -1,5 +1,6 @@
 """benchmarks/kernel_timeline.py's arithmetic on the select stamps, from made-up stamps (no GPU): the
-call's tail, the rows' page loops and where they end, and the last select's phases."""
+call's tail, the rows' page loops and where they end, the last select's phases and its threshold
+bin's keys."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ timeline = load_script("benchmarks/kernel_timeline.py")
 HZ = 2e9  # cycles per second of the made-up SM clock: 2 cycles a ns
 
 
-def fused_stamp(score_ns: int, start_ns: int, own_ns: int) -> SelectStamps:
+def fused_stamp(score_ns: int, start_ns: int, own_ns: int, bin_keys: int = 20) -> SelectStamps:
     """A fused row's stamps: its CTA begins on its pages at score_ns, its select starts at start_ns
-    and takes own_ns (each of the five phases a fifth, in cycles)."""
+    and takes own_ns (each of the five phases a fifth, in cycles); bin_keys in its threshold bin."""
     c0 = 10_000
     step = own_ns * 2 // 5
     marks = [c0 + i * step for i in range(6)]
-    return SelectStamps(start_ns, start_ns + own_ns, *marks, score_ns)
+    return SelectStamps(start_ns, start_ns + own_ns, *marks, score_ns, bin_keys)
 
 
 class Graph:
@@ -34,9 +35,9 @@ def calls(monkeypatch):
     """Two calls of three rows. Call 1: loops end 40, 50, 55 µs after the first start; the row
     ending at 50 has the longest select (10 µs), so it ends the call. Call 2: the same, 2 µs later."""
     per_call = []
-    for shift in (0, 2_000):
-        per_call.append([fused_stamp(1_000 + shift, 41_000 + shift, 4_000),
-                         fused_stamp(3_000 + shift, 51_000 + shift, 10_000),
+    for shift, most in ((0, 90), (2_000, 70)):
+        per_call.append([fused_stamp(1_000 + shift, 41_000 + shift, 4_000, bin_keys=most),
+                         fused_stamp(3_000 + shift, 51_000 + shift, 10_000, bin_keys=30 + shift // 1_000),
                          fused_stamp(2_000 + shift, 56_000 + shift, 3_000)])
     replies = iter(per_call)
     monkeypatch.setattr(timeline, "select_stamps", lambda device, slots: next(replies))
@@ -55,6 +56,9 @@ def test_the_stamps_give_the_tail_the_loops_and_their_ends(calls):
     assert phases["loop"] == pytest.approx(48.0)  # loops of 40, 48 and 54 µs
     # ends after the call's first CTA start (1 µs): 40, 50, 55, and the critical row's 50
     assert [phases[k] for k in timeline.LOOP_ENDS] == pytest.approx([40.0, 50.0, 55.0, 50.0])
+    # the critical select's bin (30, then 32 keys) and the call's most (90, then 70): medians
+    assert (phases["bin_keys"], phases["bin_keys_max"]) == pytest.approx((31.0, 80.0))
+    assert timeline.phase_line("W5", phases).endswith("K-th bin keys 31 (the call's most 80)")
 
 
 def test_the_split_path_has_no_loop(monkeypatch):

@@ -33,7 +33,7 @@ from ffi_dsa.workloads import make_batch
 from ffi_dsa.cuda_options import using_cuda_options
 
 from conftest import DEFAULT_K, assert_exact, assert_valid_topk, fp8_bytes, page_bytes, run_dps
-from test_cuda_paths import fused_batch_size, kernels_run
+from test_cuda_paths import _stamped, fused_batch_size, kernels_run
 from test_positions import to_slots
 
 pytestmark = pytest.mark.cuda
@@ -199,6 +199,25 @@ def test_every_regime_on_random_rows(sorted_):
         positions = run_dps(args, sorted=sorted_, ids="positions")
     assert_valid_topk(slots, batch, sorted=sorted_)
     np.testing.assert_array_equal(to_slots(positions, batch.block_table, 1), slots)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "split"])
+def test_stamps_count_the_threshold_bins_keys(fused):
+    """stamp_select's bin_keys: the row's keys in its threshold bin, in the slot of every select
+    (the fused path's rows; the split path's CTA of a short row and every CTA of a long row's
+    cluster). small_bunch puts exactly 64 keys there; the stamps change no byte."""
+    lens = [6000] * fused_batch_size() if fused else [8192, 40000]
+    batch = scored_batch(lens, lambda b, n, rng: small_bunch(n, rng), seed=790)
+    args = batch.to_torch("cuda")
+    rows = len(lens)
+    with using_cuda_options(fused=fused):
+        assert ("FusedRowsKernel" in kernels_run(args)) == fused
+        out, stamps = _stamped(args, 16 * rows)
+    assert_exact(out, batch, name="small_bunch stamped")
+    stamped = {slot: s.bin_keys for slot, s in enumerate(stamps) if s is not None}
+    expected_slots = set(range(rows)) | ({rows + 1} if not fused else set())  # the 40K row's rank 1 too
+    assert expected_slots <= stamped.keys(), sorted(stamped)
+    assert set(stamped.values()) == {64}, stamped
 
 
 # The fused path's forms: (N, H, longest row). N x the table's width stays within the fused cap

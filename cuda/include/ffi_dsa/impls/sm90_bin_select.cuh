@@ -849,7 +849,10 @@ __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, con
   if (ranks > 1) ClusterSync(); else GroupSync<kThreads, kBarrier>();  // every CTA's totals and members
   PassTotals lower;
   const PassTotals row = GatherTotals<kThreads, kBarrier>(s, ranks, rank, lower, tid);
-  if (stamped && tid == 0) StampAt(s.stamps, kStampMembersCycles);
+  if (stamped && tid == 0) {
+    StampAt(s.stamps, kStampMembersCycles);
+    StampCount(s.stamps, kStampBinKeys, row.equal);
+  }
   const uint32_t entries = Tiles<kThreads>(keys) * Shape<kThreads>::kWarps;
   const bool table = Tiles<kThreads>(keys) <= Shape<kThreads>::kChunkTiles;
   bool table_ready = table;

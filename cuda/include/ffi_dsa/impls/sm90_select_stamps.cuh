@@ -6,7 +6,8 @@
 // buffer of the module's (launch/sm90_select_stamps.h). One slot of kSelectStampWords words per select: slot
 // rank x query rows + query row (rank: the CTA's in its cluster; 0 on the fused path). Cycles, not
 // the global timer, for the phases: they are a few hundred ns to a few µs, and the cycle counter is
-// the SM's own (every stamp of a slot comes from one SM).
+// the SM's own (every stamp of a slot comes from one SM). One word is a count, not a time: the
+// threshold bin's keys, on which the resolve's cost depends.
 #pragma once
 #include <cstdint>
 
@@ -24,6 +25,7 @@ enum SelectStamp : int {
   kStampResolvedCycles,   // the cut decided (members ranked and marked, or the bin refined)
   kStampDoneCycles,       // the last id written
   kStampScoreNs,          // the fused kernel: its CTA starts on the row's pages (global timer, ns; 0 on the split path)
+  kStampBinKeys,          // not a time: the row's keys in the threshold bin (what the resolve ranks)
   kSelectStampWords
 };
 constexpr int kMaxSelectStampSlots = 4096;
@@ -40,6 +42,9 @@ __device__ __forceinline__ void StampStart(unsigned long long* words) {
 }
 __device__ __forceinline__ void StampAt(unsigned long long* words, SelectStamp at) {
   if (words != nullptr) words[at] = clock64();
+}
+__device__ __forceinline__ void StampCount(unsigned long long* words, SelectStamp at, uint32_t count) {
+  if (words != nullptr) words[at] = count;
 }
 __device__ __forceinline__ void StampScore(unsigned long long* words) {
   if (words != nullptr) words[kStampScoreNs] = GlobalTimerNs();
