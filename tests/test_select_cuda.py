@@ -6,8 +6,10 @@ carry at most 11 significant bits. So each selection is checked byte for byte ag
 reference, on one CTA and on clusters (rows longer than one CTA's slice), against every
 select-cluster cap, and in both orders, by the split path's select (SelectRowsKernel, on the bin
 select of sm90_bin_select.cuh). The distributions reach:
-- a K-th bin of a few members, split by a digit of the keys first, and ranked by all pairs where
-  its members bunch in one digit, or where copies of a key straddle the cut (ties by position);
+- a K-th bin of a few members (at most an eighth of the threads: ranked by all pairs at once), 64
+  of them with copies of a key across the cut (ties by position);
+- a K-th bin of more members (300 spread, or 201 bunched in one digit): split by a digit of the keys
+  first, and ranked by all pairs where its members bunch in one digit;
 - a band of 1800 near-equal keys around the K-th key: a bin of more members than the select lists
   (its search inside the bin);
 - a quarter of the row in that band: that search over a bin of tens of thousands of keys;
@@ -16,8 +18,8 @@ select of sm90_bin_select.cuh). The distributions reach:
 - thousands of copies of the K-th key, more than K takes: ties by position across CTAs (a bin of
   one value);
 - NaN scores among the winners' last places (the NaN bin);
-and on the fused path, where a row's N queries select side by side on groups of threads, a band of
-300 members (more than a group of 128 or 256 threads) and a relu plateau. Random FP8 rows of every
+and on the fused path, where a row's N queries select side by side on groups of threads, the same
+(the band of 300 members is more than a group of 128 or 256 threads) and a relu plateau. Random FP8 rows of every
 length regime, whose sums on the device the reference need not reproduce, are held to the
 tolerance rule.
 """
@@ -107,19 +109,21 @@ def copies(n, rng):
 
 
 def bunched(n, rng):
-    """2000 keys high, then in one bin 100 copies of a key and one key above them (K takes 47 of the
-    copies): the threshold bin's members bunch in one digit of its range (every member ranked)."""
+    """2000 keys high, then in one bin 200 copies of a key and one key above them (K takes 47 of the
+    copies): more members than a short list (1024 threads / 8), bunched in one digit of the bin's
+    range (every member ranked)."""
     v = rng.uniform(0.01, 0.5, n)
     order = rng.permutation(n)
     v[order[:2000]] = rng.uniform(4.0, 8.0, 2000)
-    v[order[2000:2100]] = 1.0
-    v[order[2100]] = 1.0 + 2.0 ** -7
+    v[order[2000:2200]] = 1.0
+    v[order[2200]] = 1.0 + 2.0 ** -7
     return v
 
 
 def small_bunch(n, rng):
-    """2030 keys high, then in one bin 64 members: 17 keys above 30 copies of a key and 17 below
-    them (K takes the 17 and the first copy by position; the copies share a digit)."""
+    """2030 keys high, then in one bin 64 members (a short list for 512 threads or more, not for a
+    group of 256 or 128): 17 keys above 30 copies of a key and 17 below them (K takes the 17 and the
+    first copy by position)."""
     v = rng.uniform(0.01, 0.5, n)
     order = rng.permutation(n)
     v[order[:2030]] = rng.uniform(4.0, 8.0, 2030)
@@ -143,7 +147,7 @@ def plateau(n, rng):
 
 
 DISTRIBUTIONS = {"spread": spread, "band": band, "wide_band": wide_band, "huge": huge, "tiny": tiny, "copies": copies,
-                 "bunched": bunched, "nans_last": nans_last, "small_bunch": small_bunch}
+                 "bunched": bunched, "nans_last": nans_last, "small_bunch": small_bunch, "narrow_band": narrow_band}
 
 
 @pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
@@ -224,7 +228,7 @@ def test_stamps_count_the_threshold_bins_keys(fused):
 # (16K keys a CTA); N > 1 runs the queries' selects side by side on groups of 256 or 128 threads.
 FUSED_FORMS = {"N1": (1, 64, 6000), "N2": (2, 64, 5000), "N3_H32": (3, 32, 4500), "N4_H32": (4, 32, 3500),
                "N4_H64": (4, 64, 3500)}
-FUSED_DISTRIBUTIONS = {**DISTRIBUTIONS, "narrow_band": narrow_band, "plateau": plateau}
+FUSED_DISTRIBUTIONS = {**DISTRIBUTIONS, "plateau": plateau}
 
 
 @pytest.mark.parametrize("form", list(FUSED_FORMS))

@@ -11,10 +11,12 @@
 //   2. MemberPass: per (tile, warp) counts of keys above B and in B, and B's keys ("members")
 //      with their positions in a short list (a cluster: each CTA its own, read by all).
 //   3. Resolve: a bin of one value (NaN, exact zero, or whose members are all equal) needs no
-//      ranking: its first `need` keys by position win. Otherwise every CTA splits the united list
-//      by a 256-way digit of the keys and ranks only the threshold digit's few members (all pairs
-//      over the whole list if that digit is crowded), and marks its winners in place (kWinMark); a
-//      list too long falls back to an exact radix search inside B (RefineInBin).
+//      ranking: its first `need` keys by position win. A short list (the common case on spread
+//      keys) is ranked by all pairs over the whole group, each member by the lanes of one warp,
+//      whose first marks it in place (kWinMark) if it wins: one barrier. A longer one is split by
+//      a 256-way digit of the keys and only the threshold digit's few members are ranked (all pairs
+//      over the whole list if that digit is crowded), then marked; a list too long falls back to an
+//      exact radix search inside B (RefineInBin).
 //   4. Emit: one block scan of the (tile, warp) counts; a winner's slot is the winners before it
 //      (lower CTAs, lower tiles and warps, lower lanes by ballot). Sorted output: the winners'
 //      (key, position) words are merge-sorted by the cluster's first CTA.
@@ -50,6 +52,10 @@ constexpr uint32_t kMemberCapacity = 512;
 // threshold digit are ranked by all pairs up to this many (beyond, every member is).
 constexpr uint32_t kMemberDigits = 256;
 constexpr uint32_t kDigitMembers = 64;
+// A list of at most kThreads / kShortListDivisor members is ranked by all pairs at once
+// (RankAndMarkShort: at least 8 threads a member, so at most kThreads / 64 compares a thread, behind
+// one barrier), not split by digits first (four barriers, then MarkWinners' fifth).
+constexpr uint32_t kShortListDivisor = 8;
 // Written over a member's key when it wins: never a key (rank_key.h maps every NaN to kNaNKey).
 constexpr uint32_t kWinMark = 0xFFFFFFFFu;
 // Most keys of one emit chunk: its (tile, warp) counts are packed as two 16-bit halves.
@@ -577,36 +583,70 @@ __device__ bool RankByDigit(Storage<kThreads>& s, const uint2* list, uint32_t co
   return true;
 }
 
-// The winning members (rank < need) of this CTA's slice [begin, begin + count) become kWinMark in
-// place, and count in their (tile, warp) entry when the table holds the slice; the winners before
-// the slice go to lower_winners (zeroed by ResetAllButBins). Sorted output instead: the cluster's first CTA
-// writes every winning member's word after the `greater` winners of the row (in any order: the
-// words are sorted next). Ends with a barrier.
+// A winning member of this CTA's slice [begin, begin + keys.count) becomes kWinMark in place, and
+// counts in its (tile, warp) entry when the table holds the slice; a winner before the slice counts
+// in lower_winners (zeroed by ResetAllButBins). Sorted output instead: the cluster's first CTA
+// writes the member's word after the `greater` winners of the row (in any order: the words are
+// sorted next).
+template <int kThreads>
+__device__ __forceinline__ void MarkWinner(Storage<kThreads>& s, const uint2& m, const SliceKeys& keys, uint32_t begin,
+                                           bool table, const RowOutput& o, uint32_t row_greater, int rank) {
+  constexpr uint32_t kTileKeys = Shape<kThreads>::kTileKeys;
+  if (o.sorted) {
+    if (rank == 0) o.words[row_greater + atomicAdd(&s.word_slots, 1u)] = RankWord(m.x, m.y);
+    return;
+  }
+  if (m.y < begin) {
+    atomicAdd(&s.lower_winners, 1u);
+  } else if (m.y - begin < keys.count) {
+    const uint32_t p = m.y - begin;
+    if (keys.staged != nullptr) {
+      keys.staged[p] = kWinMark;
+    } else {
+      __stcg(keys.global + p, kWinMark);
+    }
+    if (table) atomicAdd(&s.table[(p / kTileKeys) * Shape<kThreads>::kWarps + (p % kTileKeys) / 128], 1u << 16);
+  }
+}
+
+// The winners (rank < need) among the RankByDigit / RankMembers ranks, marked (MarkWinner). Ends
+// with a barrier.
 template <int kThreads, int kBarrier>
 __device__ void MarkWinners(Storage<kThreads>& s, const uint2* list, const SliceKeys& keys, uint32_t begin,
                             uint32_t count, uint32_t need, bool table, const RowOutput& o, uint32_t row_greater, int rank,
                             int tid) {
-  constexpr uint32_t kTileKeys = Shape<kThreads>::kTileKeys;
 #pragma unroll 1
   for (uint32_t j = tid; j < count; j += kThreads) {
-    if (s.member_rank[j] >= need) continue;
-    const uint2 m = list[j];
-    if (o.sorted) {
-      if (rank == 0) o.words[row_greater + atomicAdd(&s.word_slots, 1u)] = RankWord(m.x, m.y);
-      continue;
-    }
-    if (m.y < begin) {
-      atomicAdd(&s.lower_winners, 1u);
-    } else if (m.y - begin < keys.count) {
-      const uint32_t p = m.y - begin;
-      if (keys.staged != nullptr) {
-        keys.staged[p] = kWinMark;
-      } else {
-        __stcg(keys.global + p, kWinMark);
-      }
-      if (table) atomicAdd(&s.table[(p / kTileKeys) * Shape<kThreads>::kWarps + (p % kTileKeys) / 128], 1u << 16);
-    }
+    if (s.member_rank[j] < need) MarkWinner(s, list[j], keys, begin, table, o, row_greater, rank);
   }
+  GroupSync<kThreads, kBarrier>();
+}
+
+// A list of at most kThreads / kShortListDivisor members (count >= 1), ranked and marked at once:
+// member i belongs to S consecutive lanes of one warp (S the largest power of two <= 32 with
+// S x count <= kThreads), each comparing it with a 1/S share of the list (read by broadcast from
+// shared memory); the shares are summed by shuffles within the S lanes, and the first of them
+// marks the member if it wins. No atomics on the ranks, no barrier but the last. Every CTA of a
+// cluster ranks the same list alike.
+template <int kThreads, int kBarrier>
+__device__ void RankAndMarkShort(Storage<kThreads>& s, const uint2* list, const SliceKeys& keys, uint32_t begin,
+                                 uint32_t count, uint32_t need, bool table, const RowOutput& o, uint32_t row_greater,
+                                 int rank, int tid) {
+  const int log_shares = min(5, (31 - __clz(kThreads)) - (32 - __clz(count - 1)));  // >= 3 for the short lists
+  const uint32_t share = static_cast<uint32_t>(tid) & ((1u << log_shares) - 1u);
+  const uint32_t i = static_cast<uint32_t>(tid) >> log_shares;
+  const uint32_t per = (count + (1u << log_shares) - 1u) >> log_shares;
+  uint32_t before = 0;
+  uint2 me = make_uint2(0u, 0u);
+  if (i < count) {
+    me = list[i];
+    const uint32_t end = min(count, (share + 1) * per);
+#pragma unroll 4
+    for (uint32_t j = share * per; j < end; ++j) before += Precedes(list[j], me);
+  }
+#pragma unroll 1
+  for (int step = 1; step < (1 << log_shares); step <<= 1) before += __shfl_xor_sync(0xFFFFFFFFu, before, step);
+  if (share == 0 && i < count && before < need) MarkWinner(s, me, keys, begin, table, o, row_greater, rank);
   GroupSync<kThreads, kBarrier>();
 }
 
@@ -869,10 +909,14 @@ __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, con
     }
   } else if (row.listed <= kMemberCapacity) {  // rank the members, mark the winners
     const uint2* list = UniteMembers<kThreads, kBarrier>(s, ranks, row.listed, tid);
-    if (!RankByDigit<kThreads, kBarrier>(s, list, row.listed, row.lo, row.hi, need, tid)) {
-      RankMembers<kThreads, kBarrier>(s, list, row.listed, tid);
+    if (row.listed <= kThreads / kShortListDivisor) {
+      RankAndMarkShort<kThreads, kBarrier>(s, list, keys, o.begin, row.listed, need, table, o, row.greater, rank, tid);
+    } else {
+      if (!RankByDigit<kThreads, kBarrier>(s, list, row.listed, row.lo, row.hi, need, tid)) {
+        RankMembers<kThreads, kBarrier>(s, list, row.listed, tid);
+      }
+      MarkWinners<kThreads, kBarrier>(s, list, keys, o.begin, row.listed, need, table, o, row.greater, rank, tid);
     }
-    MarkWinners<kThreads, kBarrier>(s, list, keys, o.begin, row.listed, need, table, o, row.greater, rank, tid);
     cut = Cut{hi, 0u, 0u, !o.sorted};
     if (!o.sorted) lower_greater += s.lower_winners;
   } else {  // too many members: the exact threshold inside the bin
