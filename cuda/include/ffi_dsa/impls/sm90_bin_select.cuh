@@ -497,27 +497,38 @@ __device__ const uint2* UniteMembers(Storage<kThreads>& s, int ranks, uint32_t c
   return s.united;
 }
 
+// An all-pairs rank of `count` members (count >= 1) split over a group's threads: S = 2^log threads
+// a member (S a power of two, so no division), thread t ranking member t / S (and every
+// kThreads / S-th after it) against [begin, end), its 1/S share of the list. log is that of the
+// largest S with S * count <= kThreads, at most max_log; 0 when the list is longer than the group,
+// whose threads then take several members each.
+struct MemberShares {
+  int log;
+  uint32_t first, begin, end;  // the thread's first member, its share of the list
+};
+template <int kThreads>
+__device__ __forceinline__ MemberShares SplitMembers(uint32_t count, int max_log, int tid) {
+  const int log = min(max_log, max(0, (31 - __clz(kThreads)) - (32 - __clz(count - 1))));
+  const uint32_t share = static_cast<uint32_t>(tid) & ((1u << log) - 1u);
+  const uint32_t per = (count + (1u << log) - 1u) >> log;
+  return MemberShares{log, static_cast<uint32_t>(tid) >> log, share * per, min(count, (share + 1) * per)};
+}
+// The members of list[begin, end) that come before `me`.
+__device__ __forceinline__ uint32_t CountBefore(const uint2* list, uint32_t begin, uint32_t end, const uint2& me) {
+  uint32_t before = 0;
+#pragma unroll 4
+  for (uint32_t j = begin; j < end; ++j) before += Precedes(list[j], me);
+  return before;
+}
+
 // Each member's place in the row's order (key descending, then position ascending) among the
-// members: M x M comparisons, thread t comparing member t / S with a 1/S share of the list (S a
-// power of two, so no division).
+// members (SplitMembers' shares, summed by atomics into member_rank).
 template <int kThreads, int kBarrier>
 __device__ void RankMembers(Storage<kThreads>& s, const uint2* list, uint32_t count, int tid) {
-  // log2 of the largest power of two S with S * count <= kThreads (count >= 1); 0 when the list
-  // is longer than the group, whose threads then take several members each.
-  const int log_shares = max(0, (31 - __clz(kThreads)) - (32 - __clz(count - 1)));
-  const uint32_t share = static_cast<uint32_t>(tid) & ((1u << log_shares) - 1u);
-  const uint32_t per = (count + (1u << log_shares) - 1u) >> log_shares;
-  const uint32_t begin = share * per, end = min(count, (share + 1) * per);
+  const MemberShares m = SplitMembers<kThreads>(count, 31, tid);
 #pragma unroll 1
-  for (uint32_t i = static_cast<uint32_t>(tid) >> log_shares; i < count; i += kThreads >> log_shares) {
-    const uint2 me = list[i];
-    uint32_t before = 0;
-#pragma unroll 4
-    for (uint32_t j = begin; j < end; ++j) {
-      const uint2 o = list[j];
-      before += Precedes(o, me);
-    }
-    atomicAdd(&s.member_rank[i], before);
+  for (uint32_t i = m.first; i < count; i += kThreads >> m.log) {
+    atomicAdd(&s.member_rank[i], CountBefore(list, m.begin, m.end, list[i]));
   }
   GroupSync<kThreads, kBarrier>();
 }
@@ -623,30 +634,22 @@ __device__ void MarkWinners(Storage<kThreads>& s, const uint2* list, const Slice
 }
 
 // A list of at most kThreads / kShortListDivisor members (count >= 1), ranked and marked at once:
-// member i belongs to S consecutive lanes of one warp (S the largest power of two <= 32 with
-// S x count <= kThreads), each comparing it with a 1/S share of the list (read by broadcast from
-// shared memory); the shares are summed by shuffles within the S lanes, and the first of them
-// marks the member if it wins. No atomics on the ranks, no barrier but the last. Every CTA of a
-// cluster ranks the same list alike.
+// SplitMembers' S threads a member, S at most 32 so that they are consecutive lanes of one warp
+// (at least 8 for a short list), each comparing the member with its share of the list (read by
+// broadcast from shared memory); the shares are summed by shuffles within the S lanes, and the
+// first of them marks the member if it wins. No atomics on the ranks, no barrier but the last.
+// Every CTA of a cluster ranks the same list alike.
 template <int kThreads, int kBarrier>
 __device__ void RankAndMarkShort(Storage<kThreads>& s, const uint2* list, const SliceKeys& keys, uint32_t begin,
                                  uint32_t count, uint32_t need, bool table, const RowOutput& o, uint32_t row_greater,
                                  int rank, int tid) {
-  const int log_shares = min(5, (31 - __clz(kThreads)) - (32 - __clz(count - 1)));  // >= 3 for the short lists
-  const uint32_t share = static_cast<uint32_t>(tid) & ((1u << log_shares) - 1u);
-  const uint32_t i = static_cast<uint32_t>(tid) >> log_shares;
-  const uint32_t per = (count + (1u << log_shares) - 1u) >> log_shares;
-  uint32_t before = 0;
-  uint2 me = make_uint2(0u, 0u);
-  if (i < count) {
-    me = list[i];
-    const uint32_t end = min(count, (share + 1) * per);
-#pragma unroll 4
-    for (uint32_t j = share * per; j < end; ++j) before += Precedes(list[j], me);
-  }
+  const MemberShares m = SplitMembers<kThreads>(count, 5, tid);  // a short list: every member has its S lanes
+  const bool mine = m.first < count;
+  const uint2 me = mine ? list[m.first] : make_uint2(0u, 0u);
+  uint32_t before = mine ? CountBefore(list, m.begin, m.end, me) : 0u;
 #pragma unroll 1
-  for (int step = 1; step < (1 << log_shares); step <<= 1) before += __shfl_xor_sync(0xFFFFFFFFu, before, step);
-  if (share == 0 && i < count && before < need) MarkWinner(s, me, keys, begin, table, o, row_greater, rank);
+  for (int step = 1; step < (1 << m.log); step <<= 1) before += __shfl_xor_sync(0xFFFFFFFFu, before, step);
+  if (mine && m.begin == 0 && before < need) MarkWinner(s, me, keys, begin, table, o, row_greater, rank);
   GroupSync<kThreads, kBarrier>();
 }
 
