@@ -75,7 +75,6 @@ struct Shape {
   static constexpr uint32_t kDigitsPerThread = kThreads >= 256 ? 1 : 256 / kThreads;
   static_assert(kThreads % 128 == 0 && kSelectBins % kThreads == 0 && kGroups <= kThreads, "thread roles");
   static_assert(kChunkTiles * kWarps <= kThreads && kChunkKeys < 65536, "one count per thread, 16-bit halves");
-  static_assert(kChunkTiles * kWarps % 32 == 0 && kChunkTiles * kWarps <= 256, "one warp scans a chunk's counts");
 };
 
 // What a CTA's member pass counted, read by the other CTAs of its cluster.
@@ -98,7 +97,7 @@ struct Storage {
   uint32_t member_rank[kMemberCapacity];  // a member's rank, or 0 (wins) / need (loses) after RankByDigit
   uint32_t member_digits[kMemberDigits];  // RankByDigit's histogram
   uint16_t digit_members[kDigitMembers];  // RankByDigit: the threshold digit's members (list indices)
-  uint32_t table[kThreads];  // (tile, warp) counts of the current chunk, then their exclusive prefix
+  uint32_t table[kThreads];  // (tile, warp) counts of the current chunk (the emit sums its prefixes per warp)
   uint32_t warp_sums[Shape<kThreads>::kWarps];
   PassTotals rank_totals[kMaxRanks];
   uint32_t bin, above, need;  // ThresholdBin's results
@@ -107,7 +106,6 @@ struct Storage {
   uint32_t member_digit, member_digit_above, digit_member_count;  // RankByDigit's
   uint32_t word_slots;          // sorted output: winning members' words placed so far
   uint32_t lower_winners;       // winning members before this CTA's slice
-  uint32_t chunk_total;         // the emit's current chunk
   unsigned long long* stamps;   // the select's stamp slot (sm90_select_stamps.cuh; set by its caller), or null
 };
 
@@ -719,7 +717,7 @@ __device__ Cut RefineInBin(Storage<kThreads>& s, const SliceKeys& keys, uint32_t
 // Every winner of the slice to its slot: `lower_greater` / `lower_equal` winners above the cut /
 // ties of the row before this slice (the fast path adds them into one count). With `table_ready`
 // the table already holds the slice's (tile, warp) counts (one chunk); else each chunk is counted
-// first. Ends with a barrier.
+// first. Reads the table until it returns: a caller that reuses the storage passes a barrier first.
 template <int kThreads, int kBarrier, bool kSorted>
 __device__ void Emit(Storage<kThreads>& s, const SliceKeys& keys, const Cut& cut, bool table_ready,
                      uint32_t lower_greater, uint32_t lower_equal, uint32_t topk, const RowOutput& row_output, int tid) {
@@ -748,33 +746,16 @@ __device__ void Emit(Storage<kThreads>& s, const SliceKeys& keys, const Cut& cut
       });
       GroupSync<kThreads, kBarrier>();
     }
-    // The chunk's exclusive prefix, by the first warp alone (at most 256 entries: 8 a lane).
-    if (warp == 0) {
-      constexpr uint32_t kPerLane = kChunkTiles * kWarps / 32;
-      const uint32_t entries = ct * kWarps;
-      uint32_t v[kPerLane], sum = 0;
-#pragma unroll
-      for (uint32_t i = 0; i < kPerLane; ++i) {
-        const uint32_t e = lane * kPerLane + i;
-        const uint32_t x = e < entries ? s.table[e] : 0u;
-        v[i] = fast ? x >> 16 : x;
-        sum += v[i];
-      }
-      const uint32_t incl = WarpInclusiveSum(sum);
-      uint32_t before = incl - sum;
-#pragma unroll
-      for (uint32_t i = 0; i < kPerLane; ++i) {
-        const uint32_t e = lane * kPerLane + i;
-        if (e < entries) s.table[e] = before;
-        before += v[i];
-      }
-      if (lane == 31) s.chunk_total = incl;
-    }
-    GroupSync<kThreads, kBarrier>();
-    const uint32_t chunk_total = s.chunk_total;
+    // Each warp's prefix from the table itself: tile t's entries (one a warp) go to the lanes, and
+    // the warp's own is the chunk's tiles before t plus tile t's warps before it, two warp
+    // reductions. No warp publishes a scan for the others, so no barrier is passed here.
+    uint32_t chunk_before = 0;  // the chunk's counts in the tiles walked so far (uniform)
     ForEachQuad<kThreads>(keys, c0, c0 + ct, tid, [&](uint32_t t, uint32_t pos, const uint4& q) {
       const uint32_t quad[4] = {q.x, q.y, q.z, q.w};
-      const uint32_t entry = s.table[(t - c0) * kWarps + warp];
+      const uint32_t x = lane < kWarps ? s.table[(t - c0) * kWarps + lane] : 0u;
+      const uint32_t v = fast ? x >> 16 : x;
+      const uint32_t entry = chunk_before + WarpSum(lane < warp ? v : 0u);
+      chunk_before += WarpSum(v);
       if (fast) {
         bool wins[4];
         uint32_t slot = carry_g + entry;
@@ -807,12 +788,12 @@ __device__ void Emit(Storage<kThreads>& s, const SliceKeys& keys, const Cut& cut
       }
     });
     if (fast) {
-      carry_g += chunk_total;
+      carry_g += chunk_before;
     } else {
-      carry_g += chunk_total >> 16;
-      carry_e += chunk_total & 0xFFFFu;
+      carry_g += chunk_before >> 16;
+      carry_e += chunk_before & 0xFFFFu;
     }
-    GroupSync<kThreads, kBarrier>();  // the table is rewritten by the next chunk
+    if (c0 + ct < tiles) GroupSync<kThreads, kBarrier>();  // the next chunk's counts rewrite the table
   }
 }
 
