@@ -752,8 +752,8 @@ __device__ void Emit(Storage<kThreads>& s, const SliceKeys& keys, const Cut& cut
     uint32_t chunk_before = 0;  // the chunk's counts in the tiles walked so far (uniform)
     ForEachQuad<kThreads>(keys, c0, c0 + ct, tid, [&](uint32_t t, uint32_t pos, const uint4& q) {
       const uint32_t quad[4] = {q.x, q.y, q.z, q.w};
-      const uint32_t x = lane < kWarps ? s.table[(t - c0) * kWarps + lane] : 0u;
-      const uint32_t v = fast ? x >> 16 : x;
+      const uint32_t counted = lane < kWarps ? s.table[(t - c0) * kWarps + lane] : 0u;
+      const uint32_t v = fast ? counted >> 16 : counted;
       const uint32_t entry = chunk_before + WarpSum(lane < warp ? v : 0u);
       chunk_before += WarpSum(v);
       if (fast) {
