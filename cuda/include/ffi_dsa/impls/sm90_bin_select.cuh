@@ -17,8 +17,9 @@
 //      a 256-way digit of the keys and only the threshold digit's few members are ranked (all pairs
 //      over the whole list if that digit is crowded), then marked; a list too long falls back to an
 //      exact radix search inside B (RefineInBin).
-//   4. Emit: one block scan of the (tile, warp) counts; a winner's slot is the winners before it
-//      (lower CTAs, lower tiles and warps, lower lanes by ballot). Sorted output: the winners'
+//   4. Emit: a winner's slot is the winners before it (lower CTAs, lower tiles and warps, lower
+//      lanes by ballot); each warp sums the (tile, warp) counts before its own with warp
+//      reductions as it walks the tiles, so no block scan. Sorted output: the winners'
 //      (key, position) words are merge-sorted by the cluster's first CTA.
 // The idea of binning where keys are written and ranking only the threshold bin's members follows
 // vLLM's radix top-k; the bins, the marks and the ordered emit are this project's.
