@@ -29,6 +29,7 @@
 #include "ffi_dsa/impls/sm90_ptx.cuh"
 #include "ffi_dsa/impls/sm90_rows.cuh"
 #include "ffi_dsa/impls/sm90_select_params.cuh"
+#include "ffi_dsa/impls/sm90_select_small.cuh"
 #include "ffi_dsa/impls/sm90_warp.cuh"
 #include "ffi_dsa/rank_key.h"
 #include "ffi_dsa/sm90_schedule.h"
@@ -39,6 +40,7 @@ namespace ffi_dsa::sm90 {
 // smaller slices: every cluster phase waits for the slowest CTA and pays a DSMEM round trip, which
 // below ~8K keys per CTA costs more than the keys it splits.
 constexpr int kSliceKeys = 8192;
+static_assert(kSliceKeys <= topk::kSmallRowKeys, "a row on one CTA alone fits SelectSmallRow");
 static_assert(kMaxSelectCluster <= topk::kMaxRanks, "the cluster exchanges");
 // Keys one CTA stages in shared memory (128 KB): a 512K-token row over a cluster of 16.
 constexpr uint32_t kMaxStagedKeys = 32768;
@@ -52,6 +54,7 @@ struct SelectRowsSmem {
   int32_t slice_pages[kMaxStagedPages];  // page ids of a staged slice: emitting a winner is a smem lookup
   uint32_t page_offsets[32];             // WriteWholeRow
   uint32_t whole_row_count;
+  uint32_t win_bits[topk::SmallShape<kThreads>::kBitWords];  // SelectSmallRow's winning members
 };
 // Dynamic shared memory of a launch: SelectRowsSmem, the staged keys (whole tiles), then, for
 // sorted output only, the sort storage (the cluster's first CTA's receives every winner): an
@@ -205,11 +208,43 @@ __global__ void __launch_bounds__(kThreads, kSelectRowsThreads / kThreads) Selec
       smem.slice_pages[i] = __ldcg(table + i);
     }
   }
+  // One CTA of 1024 threads, unsorted, at most kSmallRowKeys keys: the select from registers.
+  const bool small = kThreads == kSelectRowsThreads && ctas == 1 && m <= topk::kSmallRowKeys && !p.sorted &&
+                     !p.stop_after_staging;
+  if (small) {
+#pragma unroll 1
+    for (uint32_t i = tid; i < topk::SmallShape<kThreads>::kBitWords; i += kThreads) smem.win_bits[i] = 0;
+  }
   const bool stamped = p.stamps != nullptr;
   if (stamped && tid == 0) s.stamps = StampSlot(p.stamps, int64_t(cluster_rank) * ClusterCount() + query_row);
-  __syncthreads();  // the histogram's reset, slice_pages
+  __syncthreads();  // the histogram's reset, slice_pages, win_bits
   WaitForPrecedingGrid();  // ScorePagesKernel's keys
   if (stamped && tid == 0) StampStart(s.stamps);
+  // Built where they are used: held across the staging pass, they cost the 512-thread select spills.
+  auto sort_storage = [&]() {
+    return p.sorted ? reinterpret_cast<topk::SortStorage<kThreads>*>(select_smem_raw +
+                                                                     SortStorageOffset<kThreads>(p.staged_capacity))
+                    : nullptr;
+  };
+  auto row_output = [&]() {
+    auto* sorting = sort_storage();
+    topk::RowOutput o;
+    o.out = p.topk_indices + query_row * p.topk;
+    o.pages = staged ? smem.slice_pages : table;
+    o.row_table = p.block_table + row * p.max_pages;
+    o.words = sorting == nullptr ? nullptr : ctas > 1 ? topk::AtRank(sorting->words, 0) : sorting->words;
+    o.begin = begin;
+    o.positions = p.positions;
+    o.sorted = p.sorted;
+    return o;
+  };
+  if constexpr (kThreads == kSelectRowsThreads) {
+    if (small) {
+      topk::SelectSmallRow<kThreads>(s, nullptr, smem.win_bits, slice_keys, m, row_output(),
+                                     static_cast<uint32_t>(p.topk), p.let_next_in, stamped, tid);
+      return;
+    }
+  }
 
   StageAndCount<kThreads>(s, slice_keys, m, staged ? staged_keys : nullptr, tid);
   __syncthreads();
@@ -219,19 +254,8 @@ __global__ void __launch_bounds__(kThreads, kSelectRowsThreads / kThreads) Selec
   if (p.let_next_in && staged) AllowDependentLaunch();
   if (p.stop_after_staging) return;  // no cluster barrier passed yet: every CTA leaves alike
 
-  topk::RowOutput o;
-  o.out = p.topk_indices + query_row * p.topk;
-  o.pages = staged ? smem.slice_pages : table;
-  o.row_table = p.block_table + row * p.max_pages;
-  auto* sorting = p.sorted ? reinterpret_cast<topk::SortStorage<kThreads>*>(
-                                 select_smem_raw + SortStorageOffset<kThreads>(p.staged_capacity))
-                           : nullptr;
-  o.words = sorting == nullptr ? nullptr : ctas > 1 ? topk::AtRank(sorting->words, 0) : sorting->words;
-  o.begin = begin;
-  o.positions = p.positions;
-  o.sorted = p.sorted;
   const topk::SliceKeys keys{staged ? staged_keys : nullptr, slice_keys, m};
-  topk::SelectRow<kThreads, 0>(s, sorting, keys, o, static_cast<uint32_t>(p.topk), ctas, rank, stamped, tid);
+  topk::SelectRow<kThreads, 0>(s, sort_storage(), keys, row_output(), static_cast<uint32_t>(p.topk), ctas, rank, stamped, tid);
 }
 
 }  // namespace ffi_dsa::sm90
