@@ -44,6 +44,21 @@ __device__ __forceinline__ uint4 LoadSmallQuad(const uint32_t* global, uint32_t 
   return q;
 }
 
+// Counts a quad into the histogram without a branch a key: a non-candidate lands in the NaN bin (as
+// SelectBin maps it) and is counted in the return value, for the caller to take back out once a
+// warp (the counts are exact after the barrier).
+template <int kThreads>
+__device__ __forceinline__ uint32_t CountQuadAll(Storage<kThreads>& s, const uint4& q) {
+  const uint32_t quad[4] = {q.x, q.y, q.z, q.w};
+  uint32_t none = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    atomicAdd(&s.hist[SelectBin(quad[i])], 1u);
+    none += quad[i] == kNotCandidate;
+  }
+  return none;
+}
+
 // A warp's members of one tile (`count` of them, `mine` this lane's) appended to the list in lane
 // order, with one atomic a warp for their slots and one each for the bin's observed range; called
 // by the warps that hold any (most hold none, so the member pass itself has no per-key branch).
@@ -174,10 +189,13 @@ __device__ void SelectSmallRow(Storage<kThreads>& s, SortStorage<kThreads>* sort
     q[u] = make_uint4(kNotCandidate, kNotCandidate, kNotCandidate, kNotCandidate);
     if (u * Small::kTileKeys < m && pos < m) q[u] = LoadSmallQuad(global, pos, m);
   }
+  uint32_t none = 0;  // non-candidates this thread counted into the NaN bin
 #pragma unroll
   for (int u = 0; u < Small::kQuads; ++u) {
-    if (u * Small::kTileKeys < m) CountQuad(s, q[u]);  // uniform
+    if (u * Small::kTileKeys < m && u * Small::kTileKeys + 4 * tid < m) none += CountQuadAll(s, q[u]);
   }
+  none = WarpSum(none);
+  if (lane == 0 && none != 0) atomicSub(&s.hist[kNaNBin], none);
   __syncthreads();
   if (stamped && tid == 0) StampAt(s.stamps, kStampBinnedCycles);
   // The next kernel reads nothing before its own wait for this grid, so the rare fallback below
@@ -199,7 +217,7 @@ __device__ void SelectSmallRow(Storage<kThreads>& s, SortStorage<kThreads>* sort
     uint32_t packed = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const bool in = quad[i] >= lo && quad[i] <= hi;  // lo >= kNaNKey: never a non-candidate
+      const bool in = quad[i] - lo <= hi - lo;  // lo >= kNaNKey: never a non-candidate
       packed += (uint32_t(quad[i] > hi) << 16) + uint32_t(in);
     }
     const uint32_t mine = packed & 0xFFFFu;
