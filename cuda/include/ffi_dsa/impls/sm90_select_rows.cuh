@@ -54,7 +54,8 @@ struct SelectRowsSmem {
   int32_t slice_pages[kMaxStagedPages];  // page ids of a staged slice: emitting a winner is a smem lookup
   uint32_t page_offsets[32];             // WriteWholeRow
   uint32_t whole_row_count;
-  uint32_t win_bits[topk::SmallShape<kThreads>::kBitWords];  // SelectSmallRow's winning members
+  // SelectSmallRow's winning members (1024-thread CTAs only: the paired ones keep the memory for keys)
+  uint32_t win_bits[kThreads == kSelectRowsThreads ? topk::SmallShape<kThreads>::kBitWords : 1];
 };
 // Dynamic shared memory of a launch: SelectRowsSmem, the staged keys (whole tiles), then, for
 // sorted output only, the sort storage (the cluster's first CTA's receives every winner): an
