@@ -5,7 +5,8 @@
 // slice from L2 into shared memory and counts them into the slice's histogram on the way
 // (sm90_bin_select.cuh: the bins need no range, so nothing waits for a stats pass); the select
 // then reads shared memory only. Slices longer than `staged_capacity` (rows of more than 16 x 32K
-// tokens) are binned the same way and read from L2 on every pass.
+// tokens) are binned the same way and read from L2 on every pass. A row of at most 8K keys on one
+// CTA, unsorted, stages nothing: its keys stay in registers (sm90_select_small.cuh).
 //
 // 1024 threads at <= 64 registers: the select is a chain of short phases of a few instructions per
 // key each, so it wants as many warps per scheduler as the SM holds (8), to issue while others wait.
