@@ -653,23 +653,31 @@ __device__ void MarkWinners(Storage<kThreads>& s, const uint2* list, const Slice
   GroupSync<kThreads, kBarrier>();
 }
 
-// A list of at most kThreads / kShortListDivisor members (count >= 1), ranked and marked at once:
+// The all-pairs rank of a short list (at most kThreads / kShortListDivisor members, count >= 1):
 // SplitMembers' S threads a member, S at most 32 so that they are consecutive lanes of one warp
 // (at least 8 for a short list), each comparing the member with its share of the list (read by
-// broadcast from shared memory); the shares are summed by shuffles within the S lanes, and the
-// first of them marks the member if it wins. No atomics on the ranks, no barrier but the last.
-// Every CTA of a cluster ranks the same list alike.
+// broadcast from shared memory); the shares are summed by shuffles within the S lanes. Returns
+// true on the first of a winning member's lanes, with the member in `me`: that lane marks it. No
+// atomics on the ranks, no barrier. Every CTA of a cluster ranks the same list alike.
+template <int kThreads>
+__device__ __forceinline__ bool ShortListWinner(const uint2* list, uint32_t count, uint32_t need, uint2& me, int tid) {
+  const MemberShares m = SplitMembers<kThreads>(count, 5, tid);  // a short list: every member has its S lanes
+  const bool mine = m.first < count;
+  me = mine ? list[m.first] : make_uint2(0u, 0u);
+  uint32_t before = mine ? CountBefore(list, m.begin, m.end, me) : 0u;
+#pragma unroll 1
+  for (int step = 1; step < (1 << m.log); step <<= 1) before += __shfl_xor_sync(0xFFFFFFFFu, before, step);
+  return mine && m.begin == 0 && before < need;
+}
+
+// A short list ranked (ShortListWinner) and its winners marked at once (MarkWinner). Ends with a
+// barrier.
 template <int kThreads, int kBarrier>
 __device__ void RankAndMarkShort(Storage<kThreads>& s, const uint2* list, const SliceKeys& keys, uint32_t begin,
                                  uint32_t count, uint32_t need, bool table, const RowOutput& o, uint32_t row_greater,
                                  int rank, int tid) {
-  const MemberShares m = SplitMembers<kThreads>(count, 5, tid);  // a short list: every member has its S lanes
-  const bool mine = m.first < count;
-  const uint2 me = mine ? list[m.first] : make_uint2(0u, 0u);
-  uint32_t before = mine ? CountBefore(list, m.begin, m.end, me) : 0u;
-#pragma unroll 1
-  for (int step = 1; step < (1 << m.log); step <<= 1) before += __shfl_xor_sync(0xFFFFFFFFu, before, step);
-  if (mine && m.begin == 0 && before < need) MarkWinner(s, me, keys, begin, table, o, row_greater, rank);
+  uint2 me;
+  if (ShortListWinner<kThreads>(list, count, need, me, tid)) MarkWinner(s, me, keys, begin, table, o, row_greater, rank);
   GroupSync<kThreads, kBarrier>();
 }
 

@@ -25,24 +25,13 @@ struct SmallShape {
   static constexpr uint32_t kTileKeys = Shape<kThreads>::kTileKeys;
   static constexpr int kQuads = kSmallRowKeys / kTileKeys;  // a thread's quads
   static constexpr uint32_t kBitWords = kSmallRowKeys / 32;  // win_bits
-  static_assert(kSmallRowKeys % kTileKeys == 0 && kQuads * Shape<kThreads>::kWarps <= kThreads, "the (tile, warp) table");
+  static_assert(kSmallRowKeys % kTileKeys == 0 && kQuads * Shape<kThreads>::kWarps <= kThreads,
+                "the (tile, warp) table");
 };
 
 // How the emit decides: keys above `above` win, and with kMarks the members whose bit is set; with
 // kTies the first `ties` keys equal to `above` + 1 by position win too.
 enum class SmallCut { kMarks, kAbove, kTies };
-
-// Tile u's quad of this thread: the keys at u * kTileKeys + 4 * tid (kNotCandidate past m).
-__device__ __forceinline__ uint4 LoadSmallQuad(const uint32_t* global, uint32_t pos, uint32_t m) {
-  uint4 q = __ldcg(reinterpret_cast<const uint4*>(global + pos));  // readable to whole quads past m
-  if (pos + 4 > m) {
-    q.x = pos < m ? q.x : kNotCandidate;
-    q.y = pos + 1 < m ? q.y : kNotCandidate;
-    q.z = pos + 2 < m ? q.z : kNotCandidate;
-    q.w = kNotCandidate;
-  }
-  return q;
-}
 
 // Counts a quad into the histogram without a branch a key: a non-candidate lands in the NaN bin (as
 // SelectBin maps it) and is counted in the return value, for the caller to take back out once a
@@ -83,21 +72,16 @@ __device__ __forceinline__ void ListMembers(Storage<kThreads>& s, const uint32_t
   if (lane == 0) atomicMin(&s.totals.lo, low), atomicMax(&s.totals.hi, high);
 }
 
-// The members ranked by all pairs (RankAndMarkShort's split: S consecutive lanes a member), each
-// winner's bit set and its (tile, warp) entry's high half counted up. Ends with a barrier.
+// The short list ranked (ShortListWinner), each winner's bit set and its (tile, warp) entry's high
+// half counted up. Ends with a barrier.
 template <int kThreads>
 __device__ void RankAndMarkBits(Storage<kThreads>& s, uint32_t* win_bits, uint32_t count, uint32_t need, int tid) {
-  const MemberShares m = SplitMembers<kThreads>(count, 5, tid);
-  const bool mine = m.first < count;
-  const uint2 me = mine ? s.members[m.first] : make_uint2(0u, 0u);
-  uint32_t before = mine ? CountBefore(s.members, m.begin, m.end, me) : 0u;
-#pragma unroll 1
-  for (int step = 1; step < (1 << m.log); step <<= 1) before += __shfl_xor_sync(0xFFFFFFFFu, before, step);
-  if (mine && m.begin == 0 && before < need) {
+  uint2 me;
+  if (ShortListWinner<kThreads>(s.members, count, need, me, tid)) {
+    constexpr uint32_t kTileKeys = SmallShape<kThreads>::kTileKeys;
     const uint32_t p = me.y;
     atomicOr(&win_bits[p / 32], 1u << (p % 32));
-    atomicAdd(&s.table[(p / SmallShape<kThreads>::kTileKeys) * Shape<kThreads>::kWarps + (p % SmallShape<kThreads>::kTileKeys) / 128],
-              1u << 16);
+    atomicAdd(&s.table[(p / kTileKeys) * Shape<kThreads>::kWarps + (p % kTileKeys) / 128], 1u << 16);
   }
   __syncthreads();
 }
@@ -151,9 +135,10 @@ __device__ __forceinline__ void EmitSmallQuad(const uint4& q, uint32_t pos, uint
 }
 
 template <int kThreads, SmallCut kCut>
-__device__ __forceinline__ void EmitSmallRow(Storage<kThreads>& s, const uint32_t* win_bits, const uint4 (&q)[SmallShape<kThreads>::kQuads],
-                                             uint32_t m, uint32_t above, uint32_t ties, uint32_t topk,
-                                             const RowOutput& o, int tid) {
+__device__ __forceinline__ void EmitSmallRow(Storage<kThreads>& s, const uint32_t* win_bits,
+                                             const uint4 (&q)[SmallShape<kThreads>::kQuads], uint32_t m,
+                                             uint32_t above, uint32_t ties, uint32_t topk, const RowOutput& o,
+                                             int tid) {
   using Small = SmallShape<kThreads>;
   constexpr int kWarps = Shape<kThreads>::kWarps;
   const int lane = tid % 32;
@@ -186,8 +171,8 @@ __device__ void SelectSmallRow(Storage<kThreads>& s, SortStorage<kThreads>* sort
 #pragma unroll
   for (int u = 0; u < Small::kQuads; ++u) {
     const uint32_t pos = u * Small::kTileKeys + 4 * tid;
-    q[u] = make_uint4(kNotCandidate, kNotCandidate, kNotCandidate, kNotCandidate);
-    if (u * Small::kTileKeys < m && pos < m) q[u] = LoadSmallQuad(global, pos, m);
+    // LoadQuad: kNotCandidate past m
+    q[u] = LoadQuad(SliceKeys{nullptr, global, m}, pos);
   }
   uint32_t none = 0;  // non-candidates this thread counted into the NaN bin
 #pragma unroll
