@@ -101,7 +101,7 @@ struct Storage {
   uint32_t table[kThreads];  // (tile, warp) counts of the current chunk (the emit sums its prefixes per warp)
   uint32_t warp_sums[Shape<kThreads>::kWarps];
   PassTotals rank_totals[kMaxRanks];
-  uint32_t bin, above, need;  // ThresholdBinCluster's results (one CTA: in registers)
+  uint32_t bin, above, need;  // ThresholdBin's results
   uint32_t group, group_above;
   uint32_t digit, digit_above, digit_count;  // RefineInBin's
   uint32_t member_digit, member_digit_above, digit_member_count;  // RankByDigit's
@@ -336,56 +336,44 @@ struct ThresholdBin {
 };
 
 // One CTA: thread t holds kBinsPerThread bins counted from the top. Each warp sums its bins, and
-// after one barrier every warp finds the K-th key alike from the warps' sums: the warp that holds
-// it (its bins read again by each warp's lanes), the lane, then the lane's bins. Nothing is
-// published, so no second barrier. With at most K candidates every one wins: the threshold is the
-// NaN bin, every NaN needed.
+// after one barrier every warp knows the counts above it: only the warp whose bins hold the K-th
+// key looks further (its lanes, then the lane's bins) and publishes the bin for all behind a second
+// barrier. (Every warp finding the bin itself, in registers, saves that barrier but costs each warp
+// the holder's lanes and walk again: measured no faster on W1 and 1.5% slower on W3.) With at most K candidates every
+// one wins: the threshold is the NaN bin, every NaN needed.
 template <int kThreads, int kBarrier>
 __device__ ThresholdBin ThresholdBinLocal(Storage<kThreads>& s, uint32_t topk, int tid) {
   constexpr uint32_t kPer = Shape<kThreads>::kBinsPerThread;
   constexpr int kWarps = Shape<kThreads>::kWarps;
   const int warp = tid / 32, lane = tid % 32;
-  // Thread t's bins (kSelectBins - kPer * (t + 1) onwards) into c, and their sum.
-  auto load = [&](uint32_t t, uint32_t (&c)[kPer]) {
-    const uint32_t first = kSelectBins - kPer * (t + 1);
-    uint32_t sum = 0;
+  const uint32_t first = kSelectBins - kPer * (tid + 1);
+  uint32_t c[kPer], sum = 0;
 #pragma unroll
-    for (uint32_t i = 0; i < kPer; i += 4) {
-      const uint4 v = *reinterpret_cast<const uint4*>(&s.hist[first + i]);
-      c[i] = v.x, c[i + 1] = v.y, c[i + 2] = v.z, c[i + 3] = v.w;
-      sum += v.x + v.y + v.z + v.w;
-    }
-    return sum;
-  };
-  uint32_t c[kPer];
-  const uint32_t warp_total = WarpSum(load(tid, c));
+  for (uint32_t i = 0; i < kPer; i += 4) {
+    const uint4 v = *reinterpret_cast<const uint4*>(&s.hist[first + i]);
+    c[i] = v.x, c[i + 1] = v.y, c[i + 2] = v.z, c[i + 3] = v.w;
+    sum += v.x + v.y + v.z + v.w;
+  }
+  const uint32_t warp_total = WarpSum(sum);
   if (lane == 0) s.warp_sums[warp] = warp_total;
   GroupSync<kThreads, kBarrier>();
   const uint32_t w = lane < kWarps ? s.warp_sums[lane] : 0u;
-  const uint32_t warps_incl = WarpInclusiveSum(w);
-  const uint32_t total = __shfl_sync(0xFFFFFFFFu, warps_incl, 31);
+  const uint32_t total = WarpSum(w);
+  const uint32_t warp_above = __shfl_sync(0xFFFFFFFFu, WarpInclusiveSum(w) - w, warp);  // warps before this one
   if (total <= topk) {
-    const uint32_t nans = s.hist[kNaNBin];
-    return ThresholdBin{kNaNBin, total - nans, nans};
-  }
-  // The first warp, then the first of its lanes, whose counts reach K (the last warp's does).
-  const int holder = __ffs(__ballot_sync(0xFFFFFFFFu, warps_incl >= topk)) - 1;
-  const uint32_t t = static_cast<uint32_t>(holder * 32 + lane);
-  const uint32_t sum = load(t, c);
-  const uint32_t incl = __shfl_sync(0xFFFFFFFFu, warps_incl - w, holder) + WarpInclusiveSum(sum);
-  const int owner = __ffs(__ballot_sync(0xFFFFFFFFu, incl >= topk)) - 1;
-  uint32_t bin = 0, bin_above = 0;
-  if (lane == owner) {
-    uint32_t above = incl - sum;
+    if (tid == 0) s.bin = kNaNBin, s.above = total - s.hist[kNaNBin], s.need = s.hist[kNaNBin];
+  } else if (warp_above < topk && warp_above + warp_total >= topk) {  // this warp's bins hold the K-th key
+    uint32_t above = warp_above + WarpInclusiveSum(sum) - sum;
+    if (above < topk && above + sum >= topk) {
 #pragma unroll
-    for (int i = kPer - 1; i >= 0; --i) {
-      if (above < topk && above + c[i] >= topk) bin = kSelectBins - kPer * (t + 1) + i, bin_above = above;
-      above += c[i];
+      for (int i = kPer - 1; i >= 0; --i) {
+        if (above < topk && above + c[i] >= topk) s.bin = first + i, s.above = above, s.need = topk - above;
+        above += c[i];
+      }
     }
   }
-  bin = __shfl_sync(0xFFFFFFFFu, bin, owner);
-  bin_above = __shfl_sync(0xFFFFFFFFu, bin_above, owner);
-  return ThresholdBin{bin, bin_above, topk - bin_above};
+  GroupSync<kThreads, kBarrier>();
+  return ThresholdBin{s.bin, s.above, s.need};
 }
 
 // Each CTA's group sums, before the cluster barrier that publishes them.
