@@ -7,7 +7,7 @@ reference, on one CTA and on clusters (rows longer than one CTA's slice), agains
 select-cluster cap, and in both orders, by the split path's select (SelectRowsKernel, on the bin
 select of sm90_bin_select.cuh; a row of at most 8K keys on one CTA, unsorted, on its register form
 of sm90_select_small.cuh, which hands a bin of more members than a short list back to the former:
-the 8192-key rows below reach both). The distributions reach:
+the 8192-key rows below reach both, on CTAs of 1024 and of 512 threads). The distributions reach:
 - a K-th bin of a few members (at most an eighth of the threads: ranked by all pairs at once), 64
   of them with copies of a key across the cut (ties by position);
 - a K-th bin of more members (300 spread, or 201 bunched in one digit): split by a digit of the keys
@@ -37,7 +37,7 @@ from ffi_dsa.workloads import make_batch
 from ffi_dsa.cuda_options import using_cuda_options
 
 from conftest import DEFAULT_K, assert_exact, assert_valid_topk, fp8_bytes, page_bytes, run_dps
-from test_cuda_paths import _stamped, fused_batch_size, kernels_run
+from test_cuda_paths import _stamped, fused_batch_size, kernels_run, select_cta_sizes
 from test_positions import to_slots
 
 pytestmark = pytest.mark.cuda
@@ -168,6 +168,22 @@ def test_every_branch_one_cta_and_clusters_exact(name, sorted_):
     assert_exact(outs[16], batch, sorted=sorted_, name=name)
     for cap in CAPS[1:]:
         np.testing.assert_array_equal(outs[cap], outs[16], err_msg=f"{name}: max_select_cluster={cap}")
+
+
+@pytest.mark.parametrize("name", list(DISTRIBUTIONS))
+def test_every_branch_on_512_thread_ctas_exact(name):
+    """The same rows on one CTA of 512 threads each (the schedule's CTAs past one wave of query
+    rows, forced here): rows of at most 8K keys select from registers at 16 keys a thread, longer
+    ones from the keys staged or in L2; exact, unsorted and sorted."""
+    lens = [8192, 5000, 2049, 8193, 12000]
+    fn = DISTRIBUTIONS[name]
+    batch = scored_batch(lens, lambda b, n, rng: fn(n, rng), seed=760 + list(DISTRIBUTIONS).index(name))
+    args = batch.to_torch("cuda")
+    options = {"fused": False, "max_select_cluster": 1, "select_threads": 512}
+    assert select_cta_sizes(args, **options) == {512}
+    with using_cuda_options(**options):
+        for sorted_ in (False, True):
+            assert_exact(run_dps(args, sorted=sorted_), batch, sorted=sorted_, name=f"{name} on 512 threads")
 
 
 @pytest.mark.parametrize("name", ["band", "copies", "huge"])
