@@ -173,9 +173,9 @@ def test_every_branch_one_cta_and_clusters_exact(name, sorted_):
 @pytest.mark.parametrize("name", list(DISTRIBUTIONS))
 def test_every_branch_on_512_thread_ctas_exact(name):
     """The same rows on one CTA of 512 threads each (the schedule's CTAs past one wave of query
-    rows, forced here): rows of at most 8K keys select from registers at 16 keys a thread, longer
-    ones from the keys staged or in L2; exact, unsorted and sorted."""
-    lens = [8192, 5000, 2049, 8193, 12000]
+    rows, forced here), the keys staged or read from L2; exact, unsorted and sorted. Every row is
+    long enough for each distribution's crafted keys (bunched places 2201)."""
+    lens = [8192, 5000, 2300, 8193, 12000]
     fn = DISTRIBUTIONS[name]
     batch = scored_batch(lens, lambda b, n, rng: fn(n, rng), seed=760 + list(DISTRIBUTIONS).index(name))
     args = batch.to_torch("cuda")
