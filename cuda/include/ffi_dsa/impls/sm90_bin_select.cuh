@@ -875,18 +875,16 @@ __device__ void FoldTable(Storage<kThreads>& s, uint32_t entries, int tid) {
 template <int kThreads, int kBarrier>
 __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, const SliceKeys& keys, const RowOutput& o,
                           uint32_t topk, int ranks, int rank, bool stamped, int tid) {
-  ThresholdBin th;
   if (ranks > 1) {
     GroupSums(s, tid);
     ClusterSync();  // every CTA's bins and group sums
     ThresholdBinCluster<kThreads, kBarrier>(s, topk, ranks, tid);
-    th = ThresholdBin{s.bin, s.above, s.need};
   } else {
-    th = ThresholdBinLocal<kThreads, kBarrier>(s, topk, tid);
+    ThresholdBinLocal<kThreads, kBarrier>(s, topk, tid);
   }
   if (stamped && tid == 0) StampAt(s.stamps, kStampThresholdCycles);
-  const uint32_t bin = th.bin, need = th.need;
-  const uint32_t selected = min(topk, th.above + need);
+  const uint32_t bin = s.bin, need = s.need;  // either way published in shared memory
+  const uint32_t selected = min(topk, s.above + need);
   const uint32_t lo = SelectBinLowKey(bin), hi = SelectBinHighKey(bin);
   const bool single = SingleValueBin(bin);
   MemberPass<kThreads>(s, keys, o.begin, lo, hi, !single, tid);
