@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cuda_runtime.h>
+
+#include "probe_launch.cuh"
 namespace cg = cooperative_groups;
 constexpr int R = 64;
 
@@ -80,28 +82,16 @@ int main() {
   uint32_t* errors;
   cudaMalloc(&out, 256 * sizeof(unsigned long long));
   cudaMalloc(&errors, 4);
-  cudaFuncSetAttribute(ClusterBar, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   const char* names[] = {"cg cluster.sync", "arrive.relaxed + wait", "syncthreads+fence+relaxed", "mbarrier, all wait",
                          "mbarrier, warp 0 + sync"};
   for (int size : {2, 8, 16}) {
     for (int v = 0; v < 5; ++v) {
       cudaMemset(errors, 0, 4);
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(size);
-      cfg.blockDim = dim3(1024);
-      cudaLaunchAttribute attr;
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = size, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-      cfg.attrs = &attr, cfg.numAttrs = 1;
-      for (int rep = 0; rep < 3; ++rep) cudaLaunchKernelEx(&cfg, ClusterBar, v, out, errors);
-      cudaDeviceSynchronize();
-      unsigned long long h[256];
+      LaunchClusterThrice(ClusterBar, size, v, out, errors);
       uint32_t e = 0;
-      cudaMemcpy(h, out, size * sizeof(unsigned long long), cudaMemcpyDeviceToHost);
       cudaMemcpy(&e, errors, 4, cudaMemcpyDeviceToHost);
-      unsigned long long mx = 0, mn = ~0ull;
-      for (int i = 0; i < size; ++i) mx = h[i] > mx ? h[i] : mx, mn = h[i] < mn ? h[i] : mn;
-      printf("cluster=%2d %-28s cycles/rep min %5llu max %5llu stale reads %u (%s)\n", size, names[v], mn, mx, e,
+      const CycleSpread c = SpreadOf(out, size);
+      printf("cluster=%2d %-28s cycles/rep min %5llu max %5llu stale reads %u (%s)\n", size, names[v], c.min, c.max, e,
              cudaGetErrorString(cudaGetLastError()));
     }
   }

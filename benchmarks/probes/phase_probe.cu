@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "probe_launch.cuh"
+
 constexpr int kBins = 4096;
 constexpr int R = 64;
 
@@ -89,13 +91,10 @@ void Run(int ctas) {
   cudaMalloc(&sink, (1 << 20) * sizeof(uint32_t));
   const char* names[] = {"barrier", "warp sum + barrier x2", "threshold shape", "binning 8 keys", "emit 8 keys"};
   for (int v = 0; v < 5; ++v) {
-    unsigned long long h[256];
     for (int rep = 0; rep < 3; ++rep) Probe<T><<<ctas, T>>>(v, out, sink);
     cudaDeviceSynchronize();
-    cudaMemcpy(h, out, ctas * sizeof(unsigned long long), cudaMemcpyDeviceToHost);
-    unsigned long long mx = 0, mn = ~0ull;
-    for (int i = 0; i < ctas; ++i) mx = h[i] > mx ? h[i] : mx, mn = h[i] < mn ? h[i] : mn;
-    printf("T=%4d ctas=%3d %-24s cycles/rep min %5llu max %5llu\n", T, ctas, names[v], mn, mx);
+    const CycleSpread c = SpreadOf(out, ctas);
+    printf("T=%4d ctas=%3d %-24s cycles/rep min %5llu max %5llu\n", T, ctas, names[v], c.min, c.max);
   }
   cudaFree(out);
   cudaFree(sink);
@@ -144,23 +143,11 @@ void RunClusters(int size) {
   uint32_t* sink;
   cudaMalloc(&out, 256 * sizeof(unsigned long long));
   cudaMalloc(&sink, 64);
-  cudaFuncSetAttribute(ClusterProbe, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   const char* names[] = {"cluster barrier", "DSMEM dependent load", "16 DSMEM loads + barrier"};
   for (int v = 0; v < 3; ++v) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(size);
-    cfg.blockDim = dim3(1024);
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = size, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr, cfg.numAttrs = 1;
-    for (int rep = 0; rep < 3; ++rep) cudaLaunchKernelEx(&cfg, ClusterProbe, v, out, sink);
-    cudaDeviceSynchronize();
-    unsigned long long h[256];
-    cudaMemcpy(h, out, size * sizeof(unsigned long long), cudaMemcpyDeviceToHost);
-    unsigned long long mx = 0, mn = ~0ull;
-    for (int i = 0; i < size; ++i) mx = h[i] > mx ? h[i] : mx, mn = h[i] < mn ? h[i] : mn;
-    printf("cluster=%2d %-26s cycles/rep min %5llu max %5llu  (%s)\n", size, names[v], mn, mx,
+    LaunchClusterThrice(ClusterProbe, size, v, out, sink);
+    const CycleSpread c = SpreadOf(out, size);
+    printf("cluster=%2d %-26s cycles/rep min %5llu max %5llu  (%s)\n", size, names[v], c.min, c.max,
            cudaGetErrorString(cudaGetLastError()));
   }
   cudaFree(out);
