@@ -5,9 +5,10 @@ every weight is 1, so a token's score is 64 x its scale (its key's only product)
 carry at most 11 significant bits. So each selection is checked byte for byte against the float64
 reference, on one CTA and on clusters (rows longer than one CTA's slice), against every
 select-cluster cap, and in both orders, by the split path's select (SelectRowsKernel, on the bin
-select of sm90_bin_select.cuh; a row of at most 8K keys on one CTA, unsorted, on its register form
-of sm90_select_small.cuh, which hands a bin of more members than a short list back to the former:
-the 8192-key rows below reach both, on CTAs of 1024 and of 512 threads). The distributions reach:
+select of sm90_bin_select.cuh; a row of at most 8K keys on one 1024-thread CTA, unsorted, on its
+register form of sm90_select_small.cuh, which hands a bin of more members than a short list back to
+the former: the 8192-key rows below reach both; 512-thread CTAs take the former alone). The
+distributions reach:
 - a K-th bin of a few members (at most an eighth of the threads: ranked by all pairs at once), 64
   of them with copies of a key across the cut (ties by position);
 - a K-th bin of more members (300 spread, or 201 bunched in one digit): split by a digit of the keys

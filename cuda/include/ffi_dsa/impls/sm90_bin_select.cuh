@@ -338,9 +338,9 @@ struct ThresholdBin {
 // One CTA: thread t holds kBinsPerThread bins counted from the top. Each warp sums its bins, and
 // after one barrier every warp knows the counts above it: only the warp whose bins hold the K-th
 // key looks further (its lanes, then the lane's bins) and publishes the bin for all behind a second
-// barrier. (Every warp finding the bin itself, in registers, saves that barrier but costs each warp
-// the holder's lanes and walk again: measured no faster on W1 and 1.5% slower on W3.) With at most K candidates every
-// one wins: the threshold is the NaN bin, every NaN needed.
+// barrier (every warp finding it again, to save that barrier, costs each warp more than the barrier).
+// Returns it as well, for callers that keep it in registers. With at most K candidates every one
+// wins: the threshold is the NaN bin, every NaN needed.
 template <int kThreads, int kBarrier>
 __device__ ThresholdBin ThresholdBinLocal(Storage<kThreads>& s, uint32_t topk, int tid) {
   constexpr uint32_t kPer = Shape<kThreads>::kBinsPerThread;

@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, kSelectRowsThreads / kThreads) Selec
   };
   if constexpr (kThreads == kSelectRowsThreads) {
     if (small) {
-      topk::SelectSmallRow<kThreads>(s, nullptr, smem.win_bits, slice_keys, m, row_output(),
+      topk::SelectSmallRow<kThreads>(s, smem.win_bits, slice_keys, m, row_output(),
                                      static_cast<uint32_t>(p.topk), p.let_next_in, stamped, tid);
       return;
     }

@@ -162,8 +162,8 @@ __device__ __forceinline__ void EmitSmallRow(Storage<kThreads>& s, const uint32_
 // histogram, the totals and `win_bits` (kBitWords words) and a barrier has passed. `let_next_in`:
 // trigger the next kernel's launch once the keys are read. Stamps as SelectRow's.
 template <int kThreads>
-__device__ void SelectSmallRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, uint32_t* win_bits, uint32_t* global,
-                               uint32_t m, const RowOutput& o, uint32_t topk, bool let_next_in, bool stamped, int tid) {
+__device__ void SelectSmallRow(Storage<kThreads>& s, uint32_t* win_bits, uint32_t* global, uint32_t m,
+                               const RowOutput& o, uint32_t topk, bool let_next_in, bool stamped, int tid) {
   using Small = SmallShape<kThreads>;
   constexpr int kWarps = Shape<kThreads>::kWarps;
   const int warp = tid / 32, lane = tid % 32;
@@ -242,7 +242,7 @@ __device__ void SelectSmallRow(Storage<kThreads>& s, SortStorage<kThreads>* sort
     ResetAllButBins(s, tid);
     __syncthreads();
     const SliceKeys keys{nullptr, global, m};
-    SelectRow<kThreads, 0>(s, sort, keys, o, topk, 1, 0, stamped, tid);
+    SelectRow<kThreads, 0>(s, nullptr, keys, o, topk, 1, 0, stamped, tid);  // unsorted
     return;
   }
 #pragma unroll 1
