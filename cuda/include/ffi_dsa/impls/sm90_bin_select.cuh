@@ -64,6 +64,10 @@ constexpr uint32_t kMaxChunkKeys = 32768;
 // Tiles whose quads a pass loads before using the first (independent loads in flight).
 constexpr uint32_t kBatchTiles = 4;
 
+// Where a branch-free count puts non-candidates (SelectSmallRow): a bin past the histogram, never
+// read, so no count has to be taken back out of the NaN bin.
+constexpr uint32_t kNoneBin = kSelectBins;
+
 template <int kThreads>
 struct Shape {
   static constexpr int kWarps = kThreads / 32;
@@ -89,7 +93,8 @@ struct PassTotals {
 template <int kThreads>
 struct Storage {
   // Read by the cluster's other CTAs:
-  alignas(16) uint32_t hist[kSelectBins];
+  // The bins, then kNoneBin and padding to whole quads.
+  alignas(16) uint32_t hist[kSelectBins + 4];
   uint32_t group_sums[kGroups];
   uint2 members[kMemberCapacity];  // (key, position in the row)
   PassTotals totals;
@@ -102,6 +107,7 @@ struct Storage {
   uint32_t warp_sums[Shape<kThreads>::kWarps];
   PassTotals rank_totals[kMaxRanks];
   uint32_t bin, above, need;  // ThresholdBin's results
+  uint32_t bin_lo, bin_hi;    // the threshold bin's key range (SelectBinLowKey, SelectBinHighKey)
   uint32_t group, group_above;
   uint32_t digit, digit_above, digit_count;  // RefineInBin's
   uint32_t member_digit, member_digit_above, digit_member_count;  // RankByDigit's
@@ -285,6 +291,7 @@ template <int kThreads>
 __device__ __forceinline__ void Reset(Storage<kThreads>& s, int tid) {
 #pragma unroll
   for (uint32_t i = 0; i < Shape<kThreads>::kBinsPerThread; ++i) s.hist[tid + i * kThreads] = 0;
+  if (tid < 4) s.hist[kNoneBin + tid] = 0;  // never read: zeroed only to be defined
   ResetAllButBins(s, tid);
 }
 
@@ -329,11 +336,19 @@ __device__ __forceinline__ void CountQuad(Storage<kThreads>& s, const uint4& q) 
 
 // ---- 1. the threshold bin -----------------------------------------------------------------------
 
-// The threshold bin: the bin of the K-th key, the keys in the bins above it, and how many of its
-// own keys win.
+// The threshold bin: the bin of the K-th key, the keys in the bins above it, how many of its own
+// keys win, and its key range [lo, hi].
 struct ThresholdBin {
-  uint32_t bin, above, need;
+  uint32_t bin, above, need, lo, hi;
 };
+
+// The one thread that finds the threshold bin publishes it with its key range: the range is ~35
+// instructions of branches, once instead of on every thread.
+template <int kThreads>
+__device__ __forceinline__ void PublishThreshold(Storage<kThreads>& s, uint32_t bin, uint32_t above, uint32_t need) {
+  s.bin = bin, s.above = above, s.need = need;
+  s.bin_lo = SelectBinLowKey(bin), s.bin_hi = SelectBinHighKey(bin);
+}
 
 // One CTA: thread t holds kBinsPerThread bins counted from the top. Each warp sums its bins, and
 // after one barrier every warp knows the counts above it: only the warp whose bins hold the K-th
@@ -359,21 +374,21 @@ __device__ ThresholdBin ThresholdBinLocal(Storage<kThreads>& s, uint32_t topk, i
   GroupSync<kThreads, kBarrier>();
   const uint32_t w = lane < kWarps ? s.warp_sums[lane] : 0u;
   const uint32_t total = WarpSum(w);
-  const uint32_t warp_above = __shfl_sync(0xFFFFFFFFu, WarpInclusiveSum(w) - w, warp);  // warps before this one
+  const uint32_t warp_above = WarpSum(lane < warp ? w : 0u);  // the warps before this one
   if (total <= topk) {
-    if (tid == 0) s.bin = kNaNBin, s.above = total - s.hist[kNaNBin], s.need = s.hist[kNaNBin];
+    if (tid == 0) PublishThreshold(s, kNaNBin, total - s.hist[kNaNBin], s.hist[kNaNBin]);
   } else if (warp_above < topk && warp_above + warp_total >= topk) {  // this warp's bins hold the K-th key
     uint32_t above = warp_above + WarpInclusiveSum(sum) - sum;
     if (above < topk && above + sum >= topk) {
 #pragma unroll
       for (int i = kPer - 1; i >= 0; --i) {
-        if (above < topk && above + c[i] >= topk) s.bin = first + i, s.above = above, s.need = topk - above;
+        if (above < topk && above + c[i] >= topk) PublishThreshold(s, first + i, above, topk - above);
         above += c[i];
       }
     }
   }
   GroupSync<kThreads, kBarrier>();
-  return ThresholdBin{s.bin, s.above, s.need};
+  return ThresholdBin{s.bin, s.above, s.need, s.bin_lo, s.bin_hi};
 }
 
 // Each CTA's group sums, before the cluster barrier that publishes them.
@@ -410,10 +425,10 @@ __device__ void ThresholdBinCluster(Storage<kThreads>& s, uint32_t topk, int ran
 #pragma unroll
     for (int r = 0; r < kMaxRanks; ++r) c += r < ranks ? AtRank(s.hist, r)[bin] : 0u;
     if (take_all) {
-      if (tid == 0) s.bin = kNaNBin, s.above = total - c, s.need = c;
+      if (tid == 0) PublishThreshold(s, kNaNBin, total - c, c);
     } else {
       const uint32_t a = s.group_above + WarpInclusiveSum(c) - c;
-      if (a < topk && a + c >= topk) s.bin = bin, s.above = a, s.need = topk - a;
+      if (a < topk && a + c >= topk) PublishThreshold(s, bin, a, topk - a);
     }
   }
   GroupSync<kThreads, kBarrier>();
@@ -650,11 +665,18 @@ __device__ void MarkWinners(Storage<kThreads>& s, const uint2* list, const Slice
 template <int kThreads>
 __device__ __forceinline__ bool ShortListWinner(const uint2* list, uint32_t count, uint32_t need, uint2& me, int tid) {
   const MemberShares m = SplitMembers<kThreads>(count, 5, tid);  // a short list: every member has its S lanes
+  me = make_uint2(0u, 0u);
+  // Most warps hold no member (the warp's first lane's member is past the list): they skip it all.
+  if (((static_cast<uint32_t>(tid) & ~31u) >> m.log) >= count) return false;  // uniform
   const bool mine = m.first < count;
-  me = mine ? list[m.first] : make_uint2(0u, 0u);
+  if (mine) me = list[m.first];
   uint32_t before = mine ? CountBefore(list, m.begin, m.end, me) : 0u;
+  if (m.log == 5) {  // a whole warp a member (lists of at most kThreads / 32): one reduction
+    before = WarpSum(before);
+  } else {
 #pragma unroll 1
-  for (int step = 1; step < (1 << m.log); step <<= 1) before += __shfl_xor_sync(0xFFFFFFFFu, before, step);
+    for (int step = 1; step < (1 << m.log); step <<= 1) before += __shfl_xor_sync(0xFFFFFFFFu, before, step);
+  }
   return mine && m.begin == 0 && before < need;
 }
 
@@ -885,7 +907,7 @@ __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, con
   if (stamped && tid == 0) StampAt(s.stamps, kStampThresholdCycles);
   const uint32_t bin = s.bin, need = s.need;  // either way published in shared memory
   const uint32_t selected = min(topk, s.above + need);
-  const uint32_t lo = SelectBinLowKey(bin), hi = SelectBinHighKey(bin);
+  const uint32_t lo = s.bin_lo, hi = s.bin_hi;
   const bool single = SingleValueBin(bin);
   MemberPass<kThreads>(s, keys, o.begin, lo, hi, !single, tid);
   if (ranks > 1) ClusterSync(); else GroupSync<kThreads, kBarrier>();  // every CTA's totals and members

@@ -33,19 +33,27 @@ struct SmallShape {
 // kTies the first `ties` keys equal to `above` + 1 by position win too.
 enum class SmallCut { kMarks, kAbove, kTies };
 
-// Counts a quad into the histogram without a branch a key: a non-candidate lands in the NaN bin (as
-// SelectBin maps it) and is counted in the return value, for the caller to take back out once a
-// warp (the counts are exact after the barrier).
+// Counts a quad into the histogram without a branch a key: a non-candidate lands in kNoneBin.
 template <int kThreads>
-__device__ __forceinline__ uint32_t CountQuadAll(Storage<kThreads>& s, const uint4& q) {
+__device__ __forceinline__ void CountQuadAll(Storage<kThreads>& s, const uint4& q) {
   const uint32_t quad[4] = {q.x, q.y, q.z, q.w};
-  uint32_t none = 0;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    atomicAdd(&s.hist[SelectBin(quad[i])], 1u);
-    none += quad[i] == kNotCandidate;
+  for (int i = 0; i < 4; ++i) atomicAdd(&s.hist[quad[i] == kNotCandidate ? kNoneBin : SelectBin(quad[i])], 1u);
+}
+
+// The row's keys in the threshold bin, from the member pass's (tile, warp) table (each entry's low
+// half; a sum of at most kSmallRowKeys stays in 16 bits).
+template <int kThreads>
+__device__ __forceinline__ uint32_t SmallRowEqual(const Storage<kThreads>& s, uint32_t m, int tid) {
+  using Small = SmallShape<kThreads>;
+  constexpr int kWarps = Shape<kThreads>::kWarps;
+  const int lane = tid % 32;
+  uint32_t sum = 0;
+#pragma unroll
+  for (int u = 0; u < Small::kQuads; ++u) {
+    if (u * Small::kTileKeys < m && lane < kWarps) sum += s.table[u * kWarps + lane];
   }
-  return none;
+  return WarpSum(sum) & 0xFFFFu;
 }
 
 // A warp's members of one tile (`count` of them, `mine` this lane's) appended to the list in lane
@@ -102,7 +110,7 @@ __device__ __forceinline__ void EmitSmallQuad(const uint4& q, uint32_t pos, uint
     const uint32_t below = LaneMaskLt();
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      wins[i] = quad[i] > above || (kCut == SmallCut::kMarks && ((bits >> i) & 1u));
+      wins[i] = quad[i] > above || (kCut == SmallCut::kMarks && (bits & (1u << i)) != 0);
       slot += __popc(__ballot_sync(0xFFFFFFFFu, wins[i]) & below);
     }
     if (wins[0] || wins[1] || wins[2] || wins[3]) {
@@ -171,30 +179,30 @@ __device__ void SelectSmallRow(Storage<kThreads>& s, uint32_t* win_bits, uint32_
 #pragma unroll
   for (int u = 0; u < Small::kQuads; ++u) {
     const uint32_t pos = u * Small::kTileKeys + 4 * tid;
-    // LoadQuad: kNotCandidate past m
     q[u] = LoadQuad(SliceKeys{nullptr, global, m}, pos);
   }
-  uint32_t none = 0;  // non-candidates this thread counted into the NaN bin
 #pragma unroll
   for (int u = 0; u < Small::kQuads; ++u) {
-    if (u * Small::kTileKeys < m && u * Small::kTileKeys + 4 * tid < m) none += CountQuadAll(s, q[u]);
+    if (u * Small::kTileKeys + 4 * tid < m) CountQuadAll(s, q[u]);
   }
-  none = WarpSum(none);
-  if (lane == 0 && none != 0) atomicSub(&s.hist[kNaNBin], none);
   __syncthreads();
-  if (stamped && tid == 0) StampAt(s.stamps, kStampBinnedCycles);
+  if (stamped) {
+    if (tid == 0) StampAt(s.stamps, kStampBinnedCycles);
+  }
   // The next kernel reads nothing before its own wait for this grid, so the rare fallback below
   // may still read the keys again.
   if (let_next_in) AllowDependentLaunch();
 
   const ThresholdBin th = ThresholdBinLocal<kThreads, 0>(s, topk, tid);
-  if (stamped && tid == 0) StampAt(s.stamps, kStampThresholdCycles);
+  if (stamped) {
+    if (tid == 0) StampAt(s.stamps, kStampThresholdCycles);
+  }
   const uint32_t need = th.need, selected = min(topk, th.above + need);
-  const uint32_t lo = SelectBinLowKey(th.bin), hi = SelectBinHighKey(th.bin);
+  const uint32_t lo = th.lo, hi = th.hi;
   const bool single = SingleValueBin(th.bin);
 
   // The member pass: (tile, warp) counts packed (above hi) << 16 | (in [lo, hi]), and the members.
-  uint32_t greater = 0, equal = 0;
+  // Its row totals are the table's sums, taken where needed (no same-address atomics).
 #pragma unroll
   for (int u = 0; u < Small::kQuads; ++u) {
     if (u * Small::kTileKeys >= m) break;  // uniform
@@ -211,31 +219,29 @@ __device__ void SelectSmallRow(Storage<kThreads>& s, uint32_t* win_bits, uint32_
     if (!single && (packed & 0xFFFFu) != 0) {  // uniform
       ListMembers(s, quad, u * Small::kTileKeys + 4 * tid, lo, hi, mine, packed & 0xFFFFu);
     }
-    greater += packed >> 16;
-    equal += packed & 0xFFFFu;
-  }
-  if (lane == 0 && (greater | equal) != 0) {
-    atomicAdd(&s.totals.greater, greater);
-    atomicAdd(&s.totals.equal, equal);
   }
   __syncthreads();
-  const PassTotals row = s.totals;
-  if (stamped && tid == 0) {
-    StampAt(s.stamps, kStampMembersCycles);
-    StampCount(s.stamps, kStampBinKeys, row.equal);
+  const PassTotals row = s.totals;  // listed, lo, hi (ListMembers')
+  if (stamped) {
+    const uint32_t equal = SmallRowEqual(s, m, tid);
+    if (tid == 0) StampAt(s.stamps, kStampMembersCycles), StampCount(s.stamps, kStampBinKeys, equal);
   }
 
   if (single || row.lo == row.hi) {  // one value: its first `need` copies by position win
     const uint32_t value = single ? lo : row.lo;
-    if (stamped && tid == 0) StampAt(s.stamps, kStampResolvedCycles);
-    if (need == row.equal) {
+    if (stamped) {
+      if (tid == 0) StampAt(s.stamps, kStampResolvedCycles);
+    }
+    if (need == SmallRowEqual(s, m, tid)) {
       EmitSmallRow<kThreads, SmallCut::kAbove>(s, win_bits, q, m, value - 1u, 0u, topk, o, tid);
     } else {
       EmitSmallRow<kThreads, SmallCut::kTies>(s, win_bits, q, m, value - 1u, need, topk, o, tid);
     }
   } else if (row.listed <= kThreads / kShortListDivisor) {
     RankAndMarkBits<kThreads>(s, win_bits, row.listed, need, tid);
-    if (stamped && tid == 0) StampAt(s.stamps, kStampResolvedCycles);
+    if (stamped) {
+      if (tid == 0) StampAt(s.stamps, kStampResolvedCycles);
+    }
     EmitSmallRow<kThreads, SmallCut::kMarks>(s, win_bits, q, m, hi, 0u, topk, o, tid);
   } else {  // keys bunched inside the bin: the general select, from the same histogram
     __syncthreads();  // every thread has read the totals
