@@ -380,11 +380,13 @@ __device__ ThresholdBin ThresholdBinLocal(Storage<kThreads>& s, uint32_t topk, i
   } else if (warp_above < topk && warp_above + warp_total >= topk) {  // this warp's bins hold the K-th key
     uint32_t above = warp_above + WarpInclusiveSum(sum) - sum;
     if (above < topk && above + sum >= topk) {
+      uint32_t bin = 0, bin_above = 0;
 #pragma unroll
       for (int i = kPer - 1; i >= 0; --i) {
-        if (above < topk && above + c[i] >= topk) PublishThreshold(s, first + i, above, topk - above);
+        if (above < topk && above + c[i] >= topk) bin = first + i, bin_above = above;
         above += c[i];
       }
+      PublishThreshold(s, bin, bin_above, topk - bin_above);
     }
   }
   GroupSync<kThreads, kBarrier>();

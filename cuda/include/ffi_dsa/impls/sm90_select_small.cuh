@@ -33,12 +33,15 @@ struct SmallShape {
 // kTies the first `ties` keys equal to `above` + 1 by position win too.
 enum class SmallCut { kMarks, kAbove, kTies };
 
-// Counts a quad into the histogram without a branch a key: a non-candidate lands in kNoneBin.
+// Counts a quad into the histogram without a branch a key: a non-candidate lands in kNoneBin
+// (SelectBin maps it to bin 0, so or-ing kNoneBin in is enough; a select between the two
+// compiles to a branch around SelectBin).
+static_assert(kNaNBin == 0 && (kNoneBin & (kSelectBins - 1)) == 0, "kNoneBin | SelectBin(kNotCandidate)");
 template <int kThreads>
 __device__ __forceinline__ void CountQuadAll(Storage<kThreads>& s, const uint4& q) {
   const uint32_t quad[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) atomicAdd(&s.hist[quad[i] == kNotCandidate ? kNoneBin : SelectBin(quad[i])], 1u);
+  for (int i = 0; i < 4; ++i) atomicAdd(&s.hist[SelectBin(quad[i]) | (quad[i] == kNotCandidate ? kNoneBin : 0u)], 1u);
 }
 
 // The row's keys in the threshold bin, from the member pass's (tile, warp) table (each entry's low
