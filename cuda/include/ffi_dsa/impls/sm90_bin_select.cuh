@@ -180,6 +180,20 @@ __device__ __forceinline__ T* AtRank(T* local, int rank) {
   return cg::this_cluster().map_shared_rank(local, rank);
 }
 __device__ __forceinline__ void ClusterSync() { cg::this_cluster().sync(); }
+// A cluster barrier for the exchanges where each CTA writes only its own shared memory and the
+// others read it through DSMEM after the barrier (bins, group sums, totals, members, digit counts).
+// ClusterSync releases at GPU scope (MEMBAR.ALL.GPU: ~900 of its ~1,550 cycles on 1024-thread CTAs,
+// benchmarks/probes/cluster_probe.cu); a release restricted to this CTA's shared memory at cluster
+// scope (MEMBAR.ALL.CTA) orders all these exchanges need, and the wait acquires. Reuse after the
+// barrier (RefineInBin's parity buffers, the histogram's first bins) is safe because every remote
+// value a thread read before it was consumed (summed, compared or stored) before the thread
+// reached the barrier. Not for a CTA that writes another's shared memory (the sorted path's words).
+__device__ __forceinline__ void ClusterSyncOwnShared() {
+  asm volatile(
+      "fence.release.sync_restrict::shared::cta.cluster;\n"
+      "barrier.cluster.arrive.relaxed.aligned;\n"
+      "barrier.cluster.wait.aligned;" ::: "memory");
+}
 // The two halves of a cluster barrier: arrive once this CTA is done reading the others' shared
 // memory, wait before it exits (so its own stays readable until every CTA has arrived).
 __device__ __forceinline__ void ClusterArrive() { asm volatile("barrier.cluster.arrive.aligned;" ::: "memory"); }
@@ -722,7 +736,7 @@ __device__ Cut RefineInBin(Storage<kThreads>& s, const SliceKeys& keys, uint32_t
         if (quad[i] >= lo && quad[i] <= hi && (quad[i] & mask) == prefix) atomicAdd(&digits[(quad[i] >> shift) & 255u], 1u);
       }
     });
-    if (ranks > 1) ClusterSync(); else GroupSync<kThreads, kBarrier>();
+    if (ranks > 1) ClusterSyncOwnShared(); else GroupSync<kThreads, kBarrier>();
     // Thread t: the digits t * kPer .. t * kPer + kPer - 1 counted from the top.
     uint32_t c[kPer], sum = 0;
 #pragma unroll
@@ -871,7 +885,7 @@ __device__ PassTotals RecountTotals(Storage<kThreads>& s, const SliceKeys& keys,
   });
   g = WarpSum(g), e = WarpSum(e);
   if (tid % 32 == 0) atomicAdd(&s.totals.greater, g), atomicAdd(&s.totals.equal, e);
-  if (ranks > 1) ClusterSync(); else GroupSync<kThreads, kBarrier>();
+  if (ranks > 1) ClusterSyncOwnShared(); else GroupSync<kThreads, kBarrier>();
   PassTotals lower;
   GatherTotals<kThreads, kBarrier>(s, ranks, rank, lower, tid);
   return lower;
@@ -901,7 +915,7 @@ __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, con
                           uint32_t topk, int ranks, int rank, bool stamped, int tid) {
   if (ranks > 1) {
     GroupSums(s, tid);
-    ClusterSync();  // every CTA's bins and group sums
+    ClusterSyncOwnShared();  // every CTA's bins and group sums
     ThresholdBinCluster<kThreads, kBarrier>(s, topk, ranks, tid);
   } else {
     ThresholdBinLocal<kThreads, kBarrier>(s, topk, tid);
@@ -912,7 +926,7 @@ __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, con
   const uint32_t lo = s.bin_lo, hi = s.bin_hi;
   const bool single = SingleValueBin(bin);
   MemberPass<kThreads>(s, keys, o.begin, lo, hi, !single, tid);
-  if (ranks > 1) ClusterSync(); else GroupSync<kThreads, kBarrier>();  // every CTA's totals and members
+  if (ranks > 1) ClusterSyncOwnShared(); else GroupSync<kThreads, kBarrier>();  // every CTA's totals and members
   PassTotals lower;
   const PassTotals row = GatherTotals<kThreads, kBarrier>(s, ranks, rank, lower, tid);
   if (stamped && tid == 0) {
