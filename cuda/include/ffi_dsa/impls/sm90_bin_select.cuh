@@ -195,8 +195,10 @@ __device__ __forceinline__ void ClusterSyncOwnShared() {
       "barrier.cluster.wait.aligned;" ::: "memory");
 }
 // The two halves of a cluster barrier: arrive once this CTA is done reading the others' shared
-// memory, wait before it exits (so its own stays readable until every CTA has arrived).
-__device__ __forceinline__ void ClusterArrive() { asm volatile("barrier.cluster.arrive.aligned;" ::: "memory"); }
+// memory, wait before it exits (so its own stays readable until every CTA has arrived). The arrive
+// publishes nothing, and every remote value was consumed before it (as for ClusterSyncOwnShared), so
+// it is relaxed: the default release would stall every warp on a GPU-scope MEMBAR as the emit starts.
+__device__ __forceinline__ void ClusterArrive() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
 __device__ __forceinline__ void ClusterWait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
 
 template <int kThreads, int kBarrier>
