@@ -98,8 +98,9 @@ struct Storage {
   uint32_t group_sums[kGroups];
   uint2 members[kMemberCapacity];  // (key, position in the row)
   PassTotals totals;
+  PassTotals recount;  // RecountTotals' (wins, ties): never over the totals the others read
   // Local:
-  uint2 united[kMemberCapacity];  // every CTA's members
+  uint2 united[kMemberCapacity];  // every CTA's members (RefineInBin's digit counts, read by the others)
   uint32_t member_rank[kMemberCapacity];  // a member's rank, or 0 (wins) / need (loses) after RankByDigit
   uint32_t member_digits[kMemberDigits];  // RankByDigit's histogram
   uint16_t digit_members[kDigitMembers];  // RankByDigit: the threshold digit's members (list indices)
@@ -183,11 +184,11 @@ __device__ __forceinline__ void ClusterSync() { cg::this_cluster().sync(); }
 // A cluster barrier for the exchanges where each CTA writes only its own shared memory and the
 // others read it through DSMEM after the barrier (bins, group sums, totals, members, digit counts).
 // ClusterSync releases at GPU scope (MEMBAR.ALL.GPU: ~900 of its ~1,550 cycles on 1024-thread CTAs,
-// benchmarks/probes/cluster_probe.cu); a release restricted to this CTA's shared memory at cluster
-// scope (MEMBAR.ALL.CTA) orders all these exchanges need, and the wait acquires. Reuse after the
-// barrier (RefineInBin's parity buffers, the histogram's first bins) is safe because every remote
-// value a thread read before it was consumed (summed, compared or stored) before the thread
-// reached the barrier. Not for a CTA that writes another's shared memory (the sorted path's words).
+// benchmarks/probes/cluster_probe.cu); these exchanges need only this CTA's shared memory released
+// at cluster scope (the restricted fence: MEMBAR.ALL.CTA), and the wait acquires. That orders
+// writes before the barrier with reads after it, not reads before it with writes after it: so no
+// memory another CTA reads is written again afterwards (RecountTotals and RefineInBin count into
+// storage of their own). Not for a CTA that writes another's shared memory (the sorted words).
 __device__ __forceinline__ void ClusterSyncOwnShared() {
   asm volatile(
       "fence.release.sync_restrict::shared::cta.cluster;\n"
@@ -196,8 +197,9 @@ __device__ __forceinline__ void ClusterSyncOwnShared() {
 }
 // The two halves of a cluster barrier: arrive once this CTA is done reading the others' shared
 // memory, wait before it exits (so its own stays readable until every CTA has arrived). The arrive
-// publishes nothing, and every remote value was consumed before it (as for ClusterSyncOwnShared), so
-// it is relaxed: the default release would stall every warp on a GPU-scope MEMBAR as the emit starts.
+// publishes nothing, so it is relaxed (the default release would stall every warp on a GPU-scope
+// MEMBAR as the emit starts); it relies, as CUTLASS's relaxed arrive before a kernel's exit does, on
+// each thread's remote loads having returned (their values used) before it issues the arrive.
 __device__ __forceinline__ void ClusterArrive() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
 __device__ __forceinline__ void ClusterWait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
 
@@ -497,17 +499,19 @@ __device__ void MemberPass(Storage<kThreads>& s, const SliceKeys& keys, uint32_t
 // all-pairs loops compiled each compare to a branch in a convergence region of its own.
 __device__ __forceinline__ bool Precedes(const uint2& a, const uint2& b) { return RankWord(a.x, a.y) > RankWord(b.x, b.y); }
 
-// Every CTA's totals (rank_totals) and the row's; `lower`: the sums over the ranks before `rank`.
-// A cluster: the first warp copies the ranks' totals once; then every warp combines them lane by
-// lane (lane r: rank r) with warp reductions, not a loop over the ranks in every thread.
+// Every CTA's `totals` (s.totals or s.recount: copied into rank_totals) and the row's; `lower`: the
+// sums over the ranks before `rank`. A cluster: the first warp copies the ranks' totals once; then
+// every warp combines them lane by lane (lane r: rank r) with warp reductions, not a loop over the
+// ranks in every thread.
 template <int kThreads, int kBarrier>
-__device__ PassTotals GatherTotals(Storage<kThreads>& s, int ranks, int rank, PassTotals& lower, int tid) {
+__device__ PassTotals GatherTotals(Storage<kThreads>& s, PassTotals* totals, int ranks, int rank, PassTotals& lower,
+                                   int tid) {
   if (ranks == 1) {  // after the caller's barrier: this CTA's totals are the row's
     lower = PassTotals{0u, 0u, 0u, UINT_MAX, 0u};
-    return s.totals;
+    return *totals;
   }
   const int lane = tid % 32;
-  if (tid < ranks) s.rank_totals[tid] = *AtRank(&s.totals, tid);
+  if (tid < ranks) s.rank_totals[tid] = *AtRank(totals, tid);
   GroupSync<kThreads, kBarrier>();
   const bool mine = lane < ranks, below = lane < rank;
   const PassTotals t = mine ? s.rank_totals[lane] : PassTotals{0u, 0u, 0u, UINT_MAX, 0u};
@@ -711,8 +715,10 @@ __device__ void RankAndMarkShort(Storage<kThreads>& s, const uint2* list, const 
 
 // The exact key T of the need-th best key among the row's keys in [lo, hi] (the threshold bin's
 // observed range), and how many copies of T win: MSB-first 8-bit digits over the bits where lo
-// and hi differ, digit counts summed over the cluster. For bins too crowded to rank; reuses the
-// histogram's first 512 bins (no CTA reads the others' bins any more), by pass parity.
+// and hi differ, digit counts summed over the cluster. For bins too crowded to rank (so no member
+// list is united): each pass counts into a buffer of its own in `united`, at most four (32 bits of
+// 8-bit digits), so no memory another CTA has read is written again.
+static_assert(sizeof(uint2) * kMemberCapacity >= 4 * 256 * sizeof(uint32_t), "RefineInBin's four digit buffers");
 template <int kThreads, int kBarrier>
 __device__ Cut RefineInBin(Storage<kThreads>& s, const SliceKeys& keys, uint32_t lo, uint32_t hi, uint32_t need,
                            int ranks, int tid) {
@@ -724,7 +730,7 @@ __device__ Cut RefineInBin(Storage<kThreads>& s, const SliceKeys& keys, uint32_t
   const bool owner = static_cast<uint32_t>(tid) * kPer < 256;  // this thread holds digits
 #pragma unroll 1
   for (int pass = 0;; ++pass) {
-    uint32_t* digits = s.hist + 256 * (pass & 1);
+    uint32_t* digits = reinterpret_cast<uint32_t*>(s.united) + 256 * pass;
 #pragma unroll
     for (uint32_t i = 0; i < kPer; ++i) {
       if (owner) digits[tid * kPer + i] = 0;
@@ -877,7 +883,7 @@ __device__ void SortDescending(SortStorage<kThreads>& s, uint32_t selected, int 
 template <int kThreads, int kBarrier>
 __device__ PassTotals RecountTotals(Storage<kThreads>& s, const SliceKeys& keys, const Cut& cut, int ranks, int rank,
                                     int tid) {
-  if (tid == 0) s.totals.greater = 0, s.totals.equal = 0;
+  if (tid == 0) s.recount = PassTotals{0u, 0u, 0u, UINT_MAX, 0u};
   GroupSync<kThreads, kBarrier>();
   uint32_t g = 0, e = 0;
   ForEachQuad<kThreads>(keys, 0, Tiles<kThreads>(keys), tid, [&](uint32_t, uint32_t, const uint4& q) {
@@ -886,10 +892,10 @@ __device__ PassTotals RecountTotals(Storage<kThreads>& s, const SliceKeys& keys,
     for (int i = 0; i < 4; ++i) g += cut.Wins(quad[i]), e += cut.Ties(quad[i]);
   });
   g = WarpSum(g), e = WarpSum(e);
-  if (tid % 32 == 0) atomicAdd(&s.totals.greater, g), atomicAdd(&s.totals.equal, e);
+  if (tid % 32 == 0) atomicAdd(&s.recount.greater, g), atomicAdd(&s.recount.equal, e);
   if (ranks > 1) ClusterSyncOwnShared(); else GroupSync<kThreads, kBarrier>();
   PassTotals lower;
-  GatherTotals<kThreads, kBarrier>(s, ranks, rank, lower, tid);
+  GatherTotals<kThreads, kBarrier>(s, &s.recount, ranks, rank, lower, tid);
   return lower;
 }
 
@@ -930,7 +936,7 @@ __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, con
   MemberPass<kThreads>(s, keys, o.begin, lo, hi, !single, tid);
   if (ranks > 1) ClusterSyncOwnShared(); else GroupSync<kThreads, kBarrier>();  // every CTA's totals and members
   PassTotals lower;
-  const PassTotals row = GatherTotals<kThreads, kBarrier>(s, ranks, rank, lower, tid);
+  const PassTotals row = GatherTotals<kThreads, kBarrier>(s, &s.totals, ranks, rank, lower, tid);
   if (stamped && tid == 0) {
     StampAt(s.stamps, kStampMembersCycles);
     StampCount(s.stamps, kStampBinKeys, row.equal);
