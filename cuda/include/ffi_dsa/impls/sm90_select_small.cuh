@@ -189,17 +189,13 @@ __device__ void SelectSmallRow(Storage<kThreads>& s, uint32_t* win_bits, uint32_
     if (u * Small::kTileKeys + 4 * tid < m) CountQuadAll(s, q[u]);
   }
   __syncthreads();
-  if (stamped) {
-    if (tid == 0) StampAt(s.stamps, kStampBinnedCycles);
-  }
+  if (stamped && tid == 0) StampAt(s.stamps, kStampBinnedCycles);
   // The next kernel reads nothing before its own wait for this grid, so the rare fallback below
   // may still read the keys again.
   if (let_next_in) AllowDependentLaunch();
 
   const ThresholdBin th = ThresholdBinLocal<kThreads, 0>(s, topk, tid);
-  if (stamped) {
-    if (tid == 0) StampAt(s.stamps, kStampThresholdCycles);
-  }
+  if (stamped && tid == 0) StampAt(s.stamps, kStampThresholdCycles);
   const uint32_t need = th.need, selected = min(topk, th.above + need);
   const uint32_t lo = th.lo, hi = th.hi;
   const bool single = SingleValueBin(th.bin);
@@ -232,9 +228,7 @@ __device__ void SelectSmallRow(Storage<kThreads>& s, uint32_t* win_bits, uint32_
 
   if (single || row.lo == row.hi) {  // one value: its first `need` copies by position win
     const uint32_t value = single ? lo : row.lo;
-    if (stamped) {
-      if (tid == 0) StampAt(s.stamps, kStampResolvedCycles);
-    }
+    if (stamped && tid == 0) StampAt(s.stamps, kStampResolvedCycles);
     if (need == SmallRowEqual(s, m, tid)) {
       EmitSmallRow<kThreads, SmallCut::kAbove>(s, win_bits, q, m, value - 1u, 0u, topk, o, tid);
     } else {
@@ -242,9 +236,7 @@ __device__ void SelectSmallRow(Storage<kThreads>& s, uint32_t* win_bits, uint32_
     }
   } else if (row.listed <= kThreads / kShortListDivisor) {
     RankAndMarkBits<kThreads>(s, win_bits, row.listed, need, tid);
-    if (stamped) {
-      if (tid == 0) StampAt(s.stamps, kStampResolvedCycles);
-    }
+    if (stamped && tid == 0) StampAt(s.stamps, kStampResolvedCycles);
     EmitSmallRow<kThreads, SmallCut::kMarks>(s, win_bits, q, m, hi, 0u, topk, o, tid);
   } else {  // keys bunched inside the bin: the general select, from the same histogram
     __syncthreads();  // every thread has read the totals
