@@ -122,9 +122,9 @@ int main() {
         cudaMemcpy(&herr, errors, 4, cudaMemcpyDeviceToHost);
         std::vector<double> d;
         for (int it = 20; it < kIters; ++it) {
-          unsigned long long last = 0, first_b = ~0ull, last_b = 0;
+          unsigned long long last = 0, last_b = 0;
           for (int b = 0; b < na; ++b) last = std::max(last, ha[it * kMaxA + b]);
-          for (int b = 0; b < nb; ++b) first_b = std::min(first_b, hb[it * 16 + b]), last_b = std::max(last_b, hb[it * 16 + b]);
+          for (int b = 0; b < nb; ++b) last_b = std::max(last_b, hb[it * 16 + b]);
           d.push_back(double(static_cast<long long>(last_b - last)));
         }
         std::sort(d.begin(), d.end());
