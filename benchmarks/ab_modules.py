@@ -46,24 +46,25 @@ def other_module_path(tree: str, cache: str | None, kind: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def bound_call(kernel, args, out):
+def bound_call(kernel, args, out, max_seq_len=None):
     """kernel (a module's topk_indexer) on `args` and `out` as ffi_dsa.call passes them (slots,
-    ascending positions, no max_seq_len), without the per-call conversions."""
+    ascending positions, the workload's max_seq_len if any), without the per-call conversions."""
     full = (*args, out)
     ready = _arrays.all_dlpack_ready(full, decode.OP.arg_names, decode.OP.fp8_args)
-    attrs = decode.OP.attrs({"sorted": False, "ids": "slots", "max_seq_len": None})
+    attrs = decode.OP.attrs({"sorted": False, "ids": "slots", "max_seq_len": max_seq_len})
     return lambda: kernel(*ready, *attrs)
 
 
 def compare(name: str, spec: dict, kernels: dict, device: str, rotate_mb: int, rounds: int, replays: int,
             queries: int | None) -> tuple[str, bool]:
     """One line for workload `name` and whether both modules wrote the same bytes."""
-    rot = rotating_sets(spec["lens"], device, rotate_mb * MB, seed=11, max_sets=64, queries=queries)
+    rot = rotating_sets(spec["lens"], device, rotate_mb * MB, seed=11, max_sets=64, queries=queries,
+                        max_pages=spec.get("table_pages"))
     outs = {who: [torch.full_like(o, POISON) for o in rot.outs] for who in kernels}
     calls = {}  # who -> one zero-argument call per input set: a CUDA graph's replay on a GPU
     for who, kernel in kernels.items():
         def make_call(i, kernel=kernel, who=who):
-            return bound_call(kernel, rot.set_args(i), outs[who][i])
+            return bound_call(kernel, rot.set_args(i), outs[who][i], spec.get("max_seq_len"))
         if device == "cuda":
             calls[who] = [g.replay for g in capture_graphs(make_call, rot.sets, pool=torch.cuda.graph_pool_handle())]
         else:

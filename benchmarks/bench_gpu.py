@@ -24,8 +24,9 @@ For every workload (W1..W6: serving-sized; C1..C5: small, like the public FlashI
 Each ffi_dsa result is checked once with ffi_dsa.check_topk (float64 reference, contract tolerance, docs/contract.md),
 on a subset of rows for large batches.
 
-The decode options: W1w/W3w/W5w are W1/W3/W5's rows in block tables 2560 pages wide (the model's
-longest context, as engines allocate them), and W1wh/W3wh/W5wh the same calls given
+W7 (B = 48, U(1K..8K)) is short rows only; at N = 4 its 192 query rows are more than the SMs.
+The decode options: W1w/W3w/W5w/W7w are W1/W3/W5/W7's rows in block tables 2560 pages wide (the
+model's longest context, as engines allocate them), and W1wh/W3wh/W5wh/W7wh the same calls given
 ``max_seq_len`` = the batch's longest row (vLLM's bound); a summary line gives each wide form's cost
 against the narrow table. ``--ids slots,positions`` times every workload with each id kind on the
 same input sets (graph and in-graph replays; the first kind's figures fill the table, the others a
@@ -104,11 +105,14 @@ def workloads(seed: int = 1234) -> dict[str, dict]:
         "C5": {"lens": _contest_lengths(rng, 31, 3), "desc": "B=31, <=2K + three <=6K"},
         "L1": {"lens": np.full(1, 1 << 20), "desc": "B=1 x 1M"},
         "L2": {"lens": np.full(256, 2049), "desc": "B=256 x 2049"},
+        # short rows only (a generator of its own: the others' lengths stay as they were). At N = 4,
+        # 192 query rows: longest first in a wide table without max_seq_len (its cost), paired with it
+        "W7": {"lens": np.random.default_rng(seed + 7).integers(1024, 8192 + 1, size=48), "desc": "B=48, U(1K..8K)"},
     }
     # The same rows in block tables as wide as serving engines allocate them (the model's longest
     # context, 163840 tokens): the cost must not follow the table's width; with the caller's bound on
     # the longest row (max_seq_len, as vLLM passes it) the select plans for the rows, not the table.
-    for name in ("W1", "W3", "W5"):
+    for name in ("W1", "W3", "W5", "W7"):
         w[name + "w"] = {"lens": w[name]["lens"], "desc": w[name]["desc"] + ", table 2560 pages",
                          "table_pages": MODEL_TABLE_PAGES}
         w[name + "wh"] = {**w[name + "w"], "desc": w[name + "w"]["desc"] + ", max_seq_len",
@@ -675,8 +679,8 @@ def plot(results: list[dict], path: Path, title: str) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bench_gpu", description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="all",
-                        help="comma list of W1..W6, C1..C5, L1 (1 x 1M), L2 (256 x 2049), W1w/W3w/W5w (2560-page "
-                             "tables), W1wh/W3wh/W5wh (the same with max_seq_len), or the groups serving, contest, "
+                        help="comma list of W1..W7, C1..C5, L1 (1 x 1M), L2 (256 x 2049), W1w/W3w/W5w/W7w (2560-page "
+                             "tables), W1wh/W3wh/W5wh/W7wh (the same with max_seq_len), or the groups serving, contest, "
                              "wide; default all")
     parser.add_argument("--ids", default="slots",
                         help="id kinds to time, comma-separated (slots, positions): the first fills the table, "

@@ -9,8 +9,9 @@ a 128K row (a 16-CTA select cluster), every score equal (the radix select over a
 page ids (negative and >= num_pages) inside the used range, a negative and a too-long seq_len,
 sorted=True, rows of at most K tokens only (the one-kernel path), several queries per row (N = 2, 4;
 causal and per-query seq_lens; both paths; the one-kernel path's queries selected side by side;
-more query rows than SMs, selected by CTAs of 512 threads, a row among them longer than such a CTA
-stages) and 32 heads, B=0, and the options: ids="positions" on
+more than twice as many query rows as SMs, selected by CTAs of 512 threads, a row among them longer
+than such a CTA stages; more query rows than SMs with such a row, selected longest first by CTAs of
+1024 threads) and 32 heads, B=0, and the options: ids="positions" on
 both paths, and a max_seq_len far below a 128K row on a table 2560 pages wide (the select planned
 for short rows reading a long one). Each output is poisoned first and checked with ffi_dsa.check_topk.
 Run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that memcheck sees exact allocation bounds.
@@ -82,12 +83,19 @@ def cases():
     yield "N=4, 32 heads, 132 rows <= 2K (one kernel), sorted", make_batch(
         np.random.default_rng(24).integers(0, 2049, size=132), seed=24, queries=4, heads=32), True
 
-    lens = np.random.default_rng(30).integers(0, 8193, size=40)  # 160 query rows: more than the SMs
+    lens = np.random.default_rng(30).integers(0, 8193, size=70)  # 280 query rows: more than 2 x the SMs
     lens[:4] = [25000, 2049, 0, 20480]  # 25K: more keys than a 512-thread CTA stages (read from L2)
     paired = make_batch(lens, seed=30, queries=4)
     paired.block_table[1, 3] = -1
-    yield "N=4 x 40 rows, two kernels, 512-thread select CTAs two an SM", paired, False
-    yield "N=4 x 40 rows, two kernels, 512-thread select CTAs, sorted", paired, True
+    yield "N=4 x 70 rows, two kernels, 512-thread select CTAs two an SM", paired, False
+    yield "N=4 x 70 rows, two kernels, 512-thread select CTAs, sorted", paired, True
+
+    lens = np.random.default_rng(31).integers(0, 8193, size=40)  # 160 query rows: two waves of 1024-thread CTAs
+    lens[[5, 17, 30]] = [25000, 2049, 0]  # the longest row not first: longest first reorders the CTAs
+    longest = make_batch(lens, seed=31, queries=4)
+    longest.block_table[5, 2] = -1
+    yield "N=4 x 40 rows, a 25K row, two kernels, longest first", longest, False
+    yield "N=4 x 40 rows, a 25K row, two kernels, longest first, sorted", longest, True
 
     yield "B=0", make_batch(np.zeros(0, np.int32), seed=15), False
 

@@ -46,13 +46,19 @@ def kernels_run(args, **options) -> set[str]:
             if any(f"::{kernel}" in name for name in names)}
 
 
-def select_cta_sizes(args, **options) -> set[int]:
-    """The CTA sizes (SelectRowsKernel's template argument) of the select kernels one call launches."""
+def select_kernels(args, **options) -> set[tuple[int, bool]]:
+    """The select kernels one call launches: (CTA size, longest first), SelectRowsKernel's template
+    arguments."""
     with using_cuda_options(**options), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
         run_dps(args)
         torch.cuda.synchronize()
-    found = (re.search(r"::SelectRowsKernel<(\d+)>", e.name) for e in p.events())
-    return {int(m.group(1)) for m in found if m}
+    found = (re.search(r"::SelectRowsKernel<(\d+), (true|false)>", e.name) for e in p.events())
+    return {(int(m.group(1)), m.group(2) == "true") for m in found if m}
+
+
+def select_cta_sizes(args, **options) -> set[int]:
+    """The CTA sizes (SelectRowsKernel's first template argument) of the select kernels one call launches."""
+    return {threads for threads, _ in select_kernels(args, **options)}
 
 
 def test_the_fused_option_picks_the_kernels():
@@ -230,6 +236,68 @@ def test_more_query_rows_than_sms_take_two_select_ctas_an_sm(sorted_):
             with using_cuda_options(select_threads=1024):
                 wide = run_dps(args, sorted=sorted_)
         np.testing.assert_array_equal(planned, wide, err_msg=f"{rows} rows of N = 4")
+
+
+def longest_first_batch(rows: int, *, seed: int, per_query_lens: bool) -> tuple:
+    """N = 4 over `rows` query rows (more than the SMs, at most twice as many) with a table wider
+    than a 512-thread CTA stages: lengths 0, 1, K - 1, K, K + 1, 32K, runs of equal lengths, and the
+    rest of 2.5K-9K tokens, random (not exact) data, an invalid page and a NaN weight."""
+    rng = np.random.default_rng(seed)
+    batch_rows = rows // 4
+    lens = rng.integers(2500, 9000, size=batch_rows)
+    lens[:6] = [0, 1, 2047, 2048, 2049, 32768]
+    lens[6:12] = 6000  # rows of one length: their order is the row's
+    rng.shuffle(lens)
+    batch = mtp_batch(Form(4, 64, per_query_lens=per_query_lens), lens, seed=seed, exact=False)
+    longest = int(np.argmax(lens))
+    batch.block_table[longest, 5] = -1
+    batch.weights[3, 2, 7] = np.nan
+    return batch, batch.to_torch("cuda")
+
+
+@pytest.mark.parametrize("per_query_lens", [False, True], ids=["lensB", "lensBN"])
+def test_long_rows_past_one_wave_run_longest_first(per_query_lens):
+    """N = 4 with more query rows than SMs (at most twice as many) and rows longer than a 512-thread
+    CTA stages: the schedule keeps 1024-thread CTAs and runs the rows longest first. Each order gives
+    the bytes of 512-thread CTAs in grid order, and the tolerance rule holds."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = min(2 * sms, 288) // 4 * 4
+    batch, args = longest_first_batch(rows, seed=320 + per_query_lens, per_query_lens=per_query_lens)
+    with using_cuda_options(fused=False):
+        assert select_kernels(args) == {(1024, True)}
+        assert select_kernels(args, select_threads=512) == {(512, False)}
+        for sorted_ in (False, True):
+            planned = run_dps(args, sorted=sorted_)
+            with using_cuda_options(select_threads=512):
+                paired = run_dps(args, sorted=sorted_)
+            np.testing.assert_array_equal(planned, paired, err_msg=f"sorted={sorted_}")
+            assert_valid_topk(planned, batch, sorted=sorted_)
+
+
+def test_longest_first_starts_the_longest_rows_in_the_first_wave():
+    """The longest query row placed last, where grid order would start it in the second wave: longest
+    first, its select starts (by the global timer) before every select of the second wave, the
+    shortest rows'."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    batch_rows = (sms + 8 + 3) // 4
+    rows = 4 * batch_rows
+    lens = np.random.default_rng(330).integers(2500, 8000, size=batch_rows)
+    lens[-1] = 30000
+    batch = mtp_batch(Form(4, 64), lens, seed=330, exact=False)
+    args = batch.to_torch("cuda")
+    with using_cuda_options(fused=False):
+        assert select_kernels(args) == {(1024, True)}
+        out, stamps = _stamped(args, rows)
+    assert_valid_topk(out, batch)
+    assert all(s is not None for s in stamps)  # every query row is longer than K: each has a select
+    seen = (lens[:, None] - np.arange(3, -1, -1)).reshape(-1)  # causal: query j sees len - (N - 1 - j)
+    order = np.lexsort((np.arange(rows), -seen))  # longest first, the earlier row first among equals
+    second_wave = order[sms:]
+    longest = order[:4]
+    assert set(longest) == set(range(rows - 4, rows))
+    first_second_wave_start = min(stamps[r].start_ns for r in second_wave)
+    for r in longest:
+        assert stamps[r].start_ns < first_second_wave_start, (r, stamps[r], first_second_wave_start)
 
 
 def test_options_round_trip_and_restore():

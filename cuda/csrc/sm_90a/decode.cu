@@ -90,6 +90,7 @@ void ForEachQueryShape(F&& f) {
 // CTAs may form clusters beyond the portable 8 CTAs.
 void SetKernelAttributes(int optin) {
   std::vector<const void*> kernels{reinterpret_cast<const void*>(SelectRowsKernel<kSelectRowsThreads>),
+                                  reinterpret_cast<const void*>(SelectRowsKernel<kSelectRowsThreads, true>),
                                   reinterpret_cast<const void*>(SelectRowsKernel<kPairedSelectThreads>)};
   ForEachQueryShape([&kernels](auto heads, auto queries) {
     kernels.push_back(reinterpret_cast<const void*>(ScorePagesKernel<heads(), queries()>));

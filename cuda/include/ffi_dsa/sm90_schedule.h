@@ -14,6 +14,7 @@ struct Schedule {
   int32_t score_ctas;    // ScorePagesKernel: one persistent CTA per SM (fewer if there are fewer pages)
   int32_t cluster_size;  // SelectRowsKernel: CTAs per query row
   int32_t select_threads;  // SelectRowsKernel: threads a CTA (kSelectRowsThreads or kPairedSelectThreads)
+  bool longest_first;      // SelectRowsKernel: CTA c selects the query row of the c-th longest length
 };
 
 // SelectRowsKernel's CTA sizes: one CTA an SM (and every cluster's), or two an SM.
@@ -29,6 +30,11 @@ constexpr int kPairedSelectThreads = 512;
 // the CTA scores each page for all of them and selects them one after the other: the batch of
 // rows, not of query rows, keeps the SMs streaming.)
 constexpr double kFusedMinSmShare = 0.7;
+
+// Most query rows a longest-first launch ranks: every CTA ranks every row's length (rows^2 / 32
+// compares a warp), before its own wait for the scoring kernel's keys. Whole warps of rows.
+constexpr int kLongestFirstMaxRows = 288;
+static_assert(kLongestFirstMaxRows % 32 == 0 && kLongestFirstMaxRows < 512, "ranked in whole warps; 9-bit row ids");
 
 // Up to 16 CTAs per select cluster (sm_90's non-portable maximum): a 128K row on 16 x 8K-key
 // slices.
@@ -54,11 +60,20 @@ struct ClusterOccupancy {
 // B = 64 is 256 query rows, B = 128 is 512) run in waves, each wave waiting for its slowest row.
 // There the select takes CTAs of 512 threads, two an SM: half the waves (one for up to 2 x SMs
 // rows), each row on half the threads. `paired_fits`: two such CTAs fit an SM at the launch's
-// shared memory (sm90_device_facts.h). `select_threads`: launch/tuning.h's knob (0: this rule).
-// Clusters keep 1024 threads: their rows are the long ones.
+// shared memory (sm90_device_facts.h); `paired_staged_keys`: the keys such a CTA stages.
+// But a row longer than a paired CTA stages reads L2 on every pass at half an SM's threads, and
+// alone sets the tail of the one wave. So where the planned row is that long, yet staged whole by
+// a 1024-thread CTA (`staged_keys`), and the query rows take two waves of those (at most 2 x SMs,
+// and at most kLongestFirstMaxRows), the select keeps 1024 threads and runs the rows longest
+// first: the first wave takes the long rows, each on a whole SM, and the second the short ones,
+// which finish within the first's longest. A planned row past `staged_keys` is most often a wide
+// table of short rows (no max_seq_len), which two waves would cost; those stay paired.
+// `select_threads`: launch/tuning.h's knob (0: this rule). Clusters keep 1024 threads: their rows
+// are the long ones. Any launch of single-CTA 1024-thread rows past one wave (up to
+// kLongestFirstMaxRows) runs longest first: the order changes no output.
 inline Schedule PlanSchedule(int64_t batch, int64_t queries, int64_t max_pages, int64_t planned_tokens, int num_sms,
                              int64_t slice_keys, const ClusterOccupancy& occupancy, bool fused_fits, bool paired_fits,
-                             int select_threads) {
+                             int64_t paired_staged_keys, int64_t staged_keys, int select_threads) {
   Schedule s;
   s.score_ctas = static_cast<int32_t>(std::clamp<int64_t>(batch * std::max<int64_t>(1, max_pages), 1,
                                                           std::max(1, num_sms)));
@@ -72,8 +87,13 @@ inline Schedule PlanSchedule(int64_t batch, int64_t queries, int64_t max_pages, 
   const int64_t rows = batch * std::max<int64_t>(1, queries);
   while (cluster > 1 && occupancy.active[cluster] < rows) --cluster;
   s.cluster_size = cluster;
-  const int one_cta = select_threads != 0 ? select_threads : rows > num_sms ? kPairedSelectThreads : kSelectRowsThreads;
+  const bool waves = rows > num_sms;
+  const bool long_rows_two_waves = rows <= std::min<int64_t>(2 * int64_t(num_sms), kLongestFirstMaxRows) &&
+                                   planned_tokens > paired_staged_keys && planned_tokens <= staged_keys;
+  int one_cta = waves && !long_rows_two_waves ? kPairedSelectThreads : kSelectRowsThreads;
+  if (select_threads != 0) one_cta = select_threads;
   s.select_threads = cluster == 1 && paired_fits ? one_cta : kSelectRowsThreads;
+  s.longest_first = cluster == 1 && waves && rows <= kLongestFirstMaxRows && s.select_threads == kSelectRowsThreads;
   s.fused = fused_fits && static_cast<double>(batch) >= kFusedMinSmShare * num_sms;
   return s;
 }

@@ -55,6 +55,7 @@ struct SelectRowsSmem {
   int32_t slice_pages[kMaxStagedPages];  // page ids of a staged slice: emitting a winner is a smem lookup
   uint32_t page_offsets[32];             // WriteWholeRow
   uint32_t whole_row_count;
+  uint32_t query_row;  // longest first: the query row of this CTA's rank
   // SelectSmallRow's winning members (1024-thread CTAs only: the paired ones keep the memory for keys)
   uint32_t win_bits[kThreads == kSelectRowsThreads ? topk::SmallShape<kThreads>::kBitWords : 1];
 };
@@ -106,6 +107,59 @@ __device__ __forceinline__ uint32_t ClusterCount() {
   return n;
 }
 
+// The block-table row of a query row (32-bit, and no division for one query: divisions sit on the
+// path to the first read).
+__device__ __forceinline__ int64_t BlockRowOf(const SelectParams& p, int64_t query_row) {
+  return p.qs.queries == 1 ? query_row : static_cast<uint32_t>(query_row) / static_cast<uint32_t>(p.qs.queries);
+}
+// The tokens a query row sees. Readable before ScorePagesKernel's end, since it let this grid
+// launch only after its own wait for the stream's previous kernel. This grid's own wait does not
+// order the read, so it goes to L2 (ld.global.cg), the point where the writer's stores became
+// visible, never L1.
+__device__ __forceinline__ int64_t SelectQueryLength(const SelectParams& p, int64_t query_row) {
+  const int64_t row = BlockRowOf(p, query_row);
+  const int query = static_cast<int>(static_cast<uint32_t>(query_row) - static_cast<uint32_t>(row) * p.qs.queries);
+  return QueryLengthOf(__ldcg(QueryLengthEntry(p.seq_lens, row, query, p.qs)), query, p.qs, p.max_pages);
+}
+
+// Longest first (sm90_schedule.h): the query row whose length ranks this CTA's index among the
+// launch's rows, longest first, the earlier row first among equal lengths. A row's (length, row)
+// packs into one word, distinct for every row, so the ranks are a bijection: every row is exactly
+// one CTA's. Each warp ranks its rows against every word, the lanes splitting the words. `words`:
+// shared memory for kLongestFirstMaxRows words (the staged keys', before staging); `chosen`: a
+// shared word. Waits first where the kernel's inputs may still be written (p.wait_before_inputs).
+template <int kThreads>
+__device__ __forceinline__ uint32_t LongestFirstQueryRow(const SelectParams& p, uint32_t* words, uint32_t& chosen) {
+  static_assert(kThreads >= kLongestFirstMaxRows, "a word a thread");
+  static_assert(topk::Shape<kThreads>::kTileKeys >= kLongestFirstMaxRows, "the words fit the staged keys' first tile");
+  constexpr uint32_t kLengthBits = 23, kSlots = kLongestFirstMaxRows / 32;
+  const uint32_t tid = threadIdx.x, lane = tid % 32, rows = ClusterCount(), rank = ClusterIndex();  // one CTA a row
+  if (p.wait_before_inputs) WaitForPrecedingGrid();
+  if (tid < kLongestFirstMaxRows) {
+    uint32_t word = 0;  // no row: below every row's word
+    if (tid < rows) {
+      // Lengths past 2^23 - 1 tokens rank as equal: still one word a row, in row order.
+      const uint32_t n = static_cast<uint32_t>(min(SelectQueryLength(p, tid), int64_t(1u << kLengthBits) - 1));
+      word = n << 9 | (511u - tid);
+    }
+    words[tid] = word;
+  }
+  __syncthreads();
+  uint32_t others[kSlots];
+#pragma unroll
+  for (uint32_t i = 0; i < kSlots; ++i) others[i] = words[lane + 32 * i];
+#pragma unroll 1
+  for (uint32_t r = tid / 32; r < rows; r += kThreads / 32) {
+    const uint32_t mine = words[r];
+    uint32_t longer = 0;
+#pragma unroll
+    for (uint32_t i = 0; i < kSlots; ++i) longer += others[i] > mine;
+    if (__reduce_add_sync(0xFFFFFFFFu, longer) == rank && lane == 0) chosen = r;
+  }
+  __syncthreads();
+  return chosen;
+}
+
 // A row that needs no scores (sm90_rows.cuh: ScoresNeeded), by one CTA of kThreads: every token on
 // a valid page, in position order, then -1. At most K tokens, so at most 32 pages: one warp scans
 // them. `query_row` names the output row, `row` the block-table row; `pages` and `offsets` are
@@ -153,22 +207,23 @@ __device__ __forceinline__ void StageAndCount(topk::Storage<kThreads>& s, uint32
 }
 
 // kThreads: kSelectRowsThreads or kPairedSelectThreads (the host's choice, sm90_schedule.h), at
-// most 64 registers either way: the SM's 64K registers hold 1024 threads.
-template <int kThreads>
+// most 64 registers either way: the SM's 64K registers hold 1024 threads. kLongestFirst: one CTA a
+// query row, CTA c selecting the row of the c-th longest length (LongestFirstQueryRow); a kernel
+// of its own, so that the others' code stays as it was.
+template <int kThreads, bool kLongestFirst = false>
 __global__ void __launch_bounds__(kThreads, kSelectRowsThreads / kThreads) SelectRowsKernel(const SelectParams p) {
   static_assert(kThreads == kSelectRowsThreads || kThreads == kPairedSelectThreads, "the two CTA sizes");
+  static_assert(!kLongestFirst || kThreads == kSelectRowsThreads, "longest first: rows two waves deep, 1024 threads");
   extern __shared__ __align__(128) uint8_t select_smem_raw[];
   auto& smem = *reinterpret_cast<SelectRowsSmem<kThreads>*>(select_smem_raw);
   uint32_t* staged_keys = reinterpret_cast<uint32_t*>(select_smem_raw + StagedKeysOffset<kThreads>());
   auto& s = smem.select;
   const int cluster_size = static_cast<int>(cooperative_groups::this_cluster().num_blocks());
   const int cluster_rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
-  const int64_t query_row = ClusterIndex();
-  // The block-table row (32-bit, and no division for one query: divisions sit on the path to the
-  // first read).
-  const int64_t row = p.qs.queries == 1 ? query_row
-                                        : static_cast<uint32_t>(query_row) / static_cast<uint32_t>(p.qs.queries);
-  const int query = static_cast<int>(static_cast<uint32_t>(query_row) - static_cast<uint32_t>(row) * p.qs.queries);
+  // Longest first: the row of this CTA's rank (which waits for the inputs first where it must).
+  const int64_t query_row =
+      kLongestFirst ? LongestFirstQueryRow<kThreads>(p, staged_keys, smem.query_row) : ClusterIndex();
+  const int64_t row = BlockRowOf(p, query_row);
   const int tid = threadIdx.x;
   // The next call's first kernel may be placed on the SMs this grid leaves free (it waits for our
   // completion before reading anything), as soon as this CTA is done with the workspace: at once
@@ -176,10 +231,7 @@ __global__ void __launch_bounds__(kThreads, kSelectRowsThreads / kThreads) Selec
   if (p.let_next_in && p.keys == nullptr) AllowDependentLaunch();
   if (p.wait_before_inputs) WaitForPrecedingGrid();
 
-  // Inputs: readable before ScorePagesKernel's end, since it let this grid launch only after its own
-  // wait for the stream's previous kernel. This grid's own wait does not order these reads, so
-  // they go to L2 (ld.global.cg), the point where the writer's stores became visible, never L1.
-  const int64_t n = QueryLengthOf(__ldcg(QueryLengthEntry(p.seq_lens, row, query, p.qs)), query, p.qs, p.max_pages);
+  const int64_t n = SelectQueryLength(p, query_row);
   if (!ScoresNeeded(n, p.topk, p.sorted)) {  // the same branch for every CTA of the cluster
     if (p.let_next_in) AllowDependentLaunch();  // this CTA reads no keys
     if (cluster_rank == 0) {

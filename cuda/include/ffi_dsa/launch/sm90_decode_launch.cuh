@@ -95,19 +95,22 @@ void LaunchScorePages(const IndexerArgs& a, const Schedule& plan, uint32_t* keys
       .Run(ScorePagesKernel<kHeads, kQueries>, KCacheTensorMap(a.k_cache, a.num_pages), QTensorMap(a), sp);
 }
 
-// SelectRowsKernel with kThreads a CTA: one cluster of `cluster` CTAs per query row. Its shared
-// memory stages the longest slice the plan gives a CTA (`slice`; slices of longer rows, beyond the
-// caller's bound, read L2), at most kMaxStagedKeys, or for CTAs of two an SM what lets two fit;
-// the sort storage comes on top for sorted output.
-template <int kThreads>
+// SelectRowsKernel with kThreads a CTA: one cluster of `cluster` CTAs per query row (kLongestFirst:
+// one CTA a query row, the longest rows first). Its shared memory stages the longest slice the plan
+// gives a CTA (`slice`; slices of longer rows, beyond the caller's bound, read L2), at most
+// kMaxStagedKeys, or for CTAs of two an SM what lets two fit; the sort storage comes on top for
+// sorted output.
+template <int kThreads, bool kLongestFirst = false>
 void LaunchSelectRows(SelectParams sel, int64_t slice, const DeviceFacts& device, int64_t query_rows, int cluster,
                       cudaStream_t stream, bool programmatic) {
   sel.staged_capacity = kThreads == kPairedSelectThreads
                             ? StagedCapacity<kThreads>(slice, device.paired_staged_limit[sel.sorted])
                             : StagedCapacity<kThreads>(slice);
+  TVM_FFI_ICHECK(!kLongestFirst || (cluster == 1 && query_rows <= kLongestFirstMaxRows))
+      << "a longest-first select takes one CTA a query row, at most " << kLongestFirstMaxRows;
   const unsigned grid = static_cast<unsigned>(query_rows * cluster);
   Launch(grid, kThreads, SelectSmemBytes<kThreads>(sel.staged_capacity, sel.sorted), stream, cluster, programmatic)
-      .Run(SelectRowsKernel<kThreads>, sel);
+      .Run(SelectRowsKernel<kThreads, kLongestFirst>, sel);
 }
 
 // Picks the schedule from shapes and launches it on `stream`.
@@ -121,7 +124,9 @@ void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning
   const ClusterOccupancy clusters = CapClusters(device.select_clusters, tuning.max_select_cluster);
   const Schedule plan = PlanSchedule(a.batch, a.queries, a.max_pages, planned_tokens, device.sm_count, kSliceKeys,
                                      clusters, FusedFits<kHeads, kQueries>(device, tuning, max_tokens),
-                                     device.paired_staged_limit[sorted_by_score] > 0, tuning.select_threads);
+                                     device.paired_staged_limit[sorted_by_score] > 0,
+                                     device.paired_staged_limit[sorted_by_score], kMaxStagedKeys,
+                                     tuning.select_threads);
   // Scores are needed unless no row has a token, or no query can be longer than K with the output
   // by position (sm90_rows.cuh: ScoresNeeded): then SelectRowsKernel alone, no workspace.
   const bool score = a.max_pages > 0 && ScoresNeeded(row_stride, static_cast<int32_t>(a.topk), sorted_by_score);
@@ -147,6 +152,9 @@ void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning
   sel.stop_after_staging = tuning.select_floor;
   if (plan.select_threads == kPairedSelectThreads) {
     LaunchSelectRows<kPairedSelectThreads>(sel, slice, device, a.query_rows(), plan.cluster_size, stream, score || pdl);
+  } else if (plan.longest_first) {
+    LaunchSelectRows<kSelectRowsThreads, true>(sel, slice, device, a.query_rows(), plan.cluster_size, stream,
+                                               score || pdl);
   } else {
     LaunchSelectRows<kSelectRowsThreads>(sel, slice, device, a.query_rows(), plan.cluster_size, stream, score || pdl);
   }
