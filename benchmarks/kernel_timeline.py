@@ -1,6 +1,6 @@
 """Where one call's time goes: per-kernel durations and gaps inside CUDA-graph replays.
 
-    python benchmarks/kernel_timeline.py [W1,W3,C2 ...] [--queries N] [--floor]
+    python benchmarks/kernel_timeline.py [W1,W3,C2 ...] [--queries N] [--floor] [--rows]
                                                  (a GPU; default C2,W1,W3,W5,W6)
 
 bench_gpu.py times each replay between two CUDA events; that number includes the graph launch
@@ -26,7 +26,11 @@ path "from its start" counts from the moment the scoring kernel's keys are reada
 (so the kernel boundary is the tail "after score" less this), "binned" includes the staging. The
 line ends with the keys in that select's threshold bin (what its resolve ranks) and the most in any
 select of the call (medians over the replays).
-`--queries N` times N query tokens per row; `--select-threads 512|1024` sets the split path's select
+`--rows` adds, on the split path, one stamped call's query rows against their lengths (row_waves):
+when the last id came after the first select's start, how many selects started later than the
+first wave (> 1 µs after it), a least-squares select time per 1K keys, and the rows that ended last
+and the longest rows with their starts and own times: whether the rows run longest first and what
+one row costs. `--queries N` times N query tokens per row; `--select-threads 512|1024` sets the split path's select
 CTA size where a row gets one CTA (default: the schedule's); `--floor` adds a second line per workload with the
 select stopped once its keys are staged and binned (ffi_dsa.cuda_options select_floor: nothing is
 written), the split path's fixed cost.
@@ -130,6 +134,44 @@ def stamped_selects(graphs, slots: int, replays: int) -> tuple[float, float, dic
     return median(call_tails), median(own), {name: median(v) for name, v in phases.items()}
 
 
+def query_row_lengths(lens, queries: int | None) -> list[int]:
+    """The tokens each query row of a batch of row lengths `lens` sees (query j of N: len - (N - 1 - j),
+    at least 0), in query-row order."""
+    n = queries or 1
+    return [max(0, int(length) - (n - 1 - j)) for length in lens for j in range(n)]
+
+
+def row_waves(stamps, seen: list[int], name: str = "", top: int = 4) -> list[str]:
+    """One split-path call's selects against their query rows' lengths: `stamps` by slot (slot r:
+    query row r's select, by its cluster's first CTA), `seen` the query rows' lengths. Lines: the
+    last id after the first select's start, the selects starting > 1 µs after it (the later waves),
+    a least-squares select time per 1K keys, then the rows that ended last and the longest rows,
+    each as (row, keys, start after the first start, own time) in µs on the global timer."""
+    rows = [(r, s) for r, s in enumerate(stamps[:len(seen)]) if s is not None and s.done_ns]
+    if not rows:
+        return [f"{name:3s} rows: no select stamped"]
+    t0 = min(s.start_ns for _, s in rows)
+    start = {r: (s.start_ns - t0) / 1e3 for r, s in rows}
+    own = {r: (s.done_ns - s.start_ns) / 1e3 for r, s in rows}
+    keys = {r: seen[r] for r, _ in rows}
+    later = sorted(start[r] for r in keys if start[r] > 1.0)
+    mean_k = statistics.fmean(keys.values()) / 1e3
+    mean_t = statistics.fmean(own.values())
+    var = sum((keys[r] / 1e3 - mean_k) ** 2 for r in keys)
+    slope = sum((keys[r] / 1e3 - mean_k) * (own[r] - mean_t) for r in keys) / var if var else float("nan")
+    last = max(start[r] + own[r] for r in keys)
+
+    def listed(order) -> str:
+        return ", ".join(f"r{r} {keys[r]} keys at {start[r]:.2f} for {own[r]:.2f}" for r in order[:top])
+
+    return [f"{name:3s} rows: {len(rows)} selects, the last id {last:.2f} us after the first start; "
+            f"{len(later)} start later than 1 us after it"
+            + (f" (the first at {later[0]:.2f})" if later else "")
+            + f"; own time ~ {mean_t - slope * mean_k:.2f} + {slope:.3f} us per 1K keys",
+            f"{name:3s} ended last: " + listed(sorted(keys, key=lambda r: -(start[r] + own[r]))),
+            f"{name:3s} longest: " + listed(sorted(keys, key=lambda r: (-keys[r], r)))]
+
+
 def phase_line(name: str, phases: dict[str, float]) -> str:
     parts = " | ".join(f"{p} {phases[p]:5.2f}" for p in SELECT_PHASES)
     return (f"{name:3s} the last select's phases, us: {parts} | from its start {phases['select']:5.2f} | "
@@ -137,7 +179,7 @@ def phase_line(name: str, phases: dict[str, float]) -> str:
 
 
 def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, queries: int | None = None,
-             label: str = "") -> str:
+             label: str = "", rows: bool = False) -> str:
     """The kernels' times (`label` at its end), then the last select's phases; on the fused path a
     third line, the rows' loop ends."""
     rot = rotating_sets(spec["lens"], "cuda", 256 * MB, seed=11, max_sets=max_sets, queries=queries)
@@ -176,9 +218,16 @@ def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, q
             select_after.append(b["ts"] + b["dur"] - end_a)
         elif "Select" in a["name"]:
             next_call.append(b["ts"] - end_a)
-    return (f"{name:3s} events {event_us:6.2f} us | score {median(score):6.2f} (n={len(score)}) | select "
+    text = (f"{name:3s} events {event_us:6.2f} us | score {median(score):6.2f} (n={len(score)}) | select "
             f"{median(select):6.2f}, ends {median(select_after):6.2f} after score | select -> next call "
             f"{median(next_call):5.2f}{label}\n" + phase_line(name, phases) + label)
+    if rows:  # one more stamped call, alone in the stamp buffer (every set has the workload's rows)
+        device = torch.cuda.current_device()
+        select_stamps(device, slots)
+        stamped[0].replay()
+        seen = query_row_lengths(spec["lens"], queries)
+        text += "\n" + "\n".join(line + label for line in row_waves(select_stamps(device, slots), seen, name))
+    return text
 
 
 def main(argv=None) -> int:
@@ -188,6 +237,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-sets", type=int, default=64)
     parser.add_argument("--queries", type=int, default=None, help="N query tokens per row (default: 1, rank-3 q)")
     parser.add_argument("--floor", action="store_true", help="also time the select stopped after staging")
+    parser.add_argument("--rows", action="store_true",
+                        help="the split path: one call's query rows, their select starts and times against their lengths")
     parser.add_argument("--select-threads", type=int, default=0, choices=[0, 512, 1024],
                         help="SelectRowsKernel's CTA size for rows on one CTA (ffi_dsa.cuda_options; 0: the schedule's)")
     a = parser.parse_args(argv)
@@ -202,7 +253,7 @@ def main(argv=None) -> int:
         n += f" select_threads={a.select_threads}"
         set_cuda_options(select_threads=a.select_threads)
     for name in a.workloads.split(","):
-        print(timeline(name, specs[name], clock, a.replays, a.max_sets, a.queries, n), flush=True)
+        print(timeline(name, specs[name], clock, a.replays, a.max_sets, a.queries, n, a.rows), flush=True)
         if a.floor:
             with using_cuda_options(select_floor=True):
                 print(timeline(name, specs[name], clock, a.replays, a.max_sets, a.queries, n + " floor"), flush=True)

@@ -69,3 +69,30 @@ def test_the_split_path_has_no_loop(monkeypatch):
     tail, own, phases = timeline.stamped_selects([Graph()], slots=2, replays=1)
     assert tail == pytest.approx(4.0) and own == pytest.approx(4.0)
     assert all(math.isnan(phases[k]) for k in ["loop", *timeline.LOOP_ENDS])
+
+
+def split_stamp(start_ns: int, own_ns: int) -> SelectStamps:
+    """A split-path select's stamps: it may start at start_ns and writes its last id own_ns later."""
+    return fused_stamp(0, start_ns, own_ns)._replace(score_ns=0)
+
+
+def test_query_rows_see_their_causal_lengths():
+    assert timeline.query_row_lengths([5000, 2], 4) == [4997, 4998, 4999, 5000, 0, 0, 1, 2]
+    assert timeline.query_row_lengths([7, 0], None) == [7, 0]
+
+
+def test_row_waves_give_the_later_wave_the_cost_per_key_and_the_last_rows():
+    """Four query rows on two SMs: the two longest start at once (own time 1 + 0.5 µs per 1K keys),
+    the two shortest when the first SMs free up; a row without a select (None) and a slot past the
+    rows (another CTA of a cluster) are left out."""
+    seen = [2000, 8000, 4000, 6000, 100]
+    own = {r: 1_000 + seen[r] // 2 for r in range(4)}  # ns: 1 µs + 0.5 µs per 1K keys
+    starts = {1: 10_000, 3: 10_200, 2: 10_200 + own[3], 0: 10_000 + own[1]}
+    stamps = [split_stamp(starts[r], own[r]) for r in range(4)] + [None, split_stamp(1, 1)]
+    head, ended, longest = timeline.row_waves(stamps, seen, "W4")
+    # the last id: row 2 starts at 0.2 + 4.0 µs after the first start and takes 3.0 µs
+    assert head.startswith("W4  rows: 4 selects, the last id 7.20 us after the first start; 2 start later")
+    assert "(the first at 4.20)" in head and head.endswith("~ 1.00 + 0.500 us per 1K keys")
+    assert ended.startswith("W4  ended last: r2 4000 keys at 4.20 for 3.00, r0 2000 keys at 5.00 for 2.00")
+    assert longest.startswith("W4  longest: r1 8000 keys at 0.00 for 5.00, r3 6000 keys at 0.20 for 4.00")
+    assert timeline.row_waves([None, None], [1, 2]) == ["    rows: no select stamped"]
