@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one script a GPU call runs, from the repository root of the device machine:
 #
-#   bash benchmarks/device_run.sh [build|smoke|test|sanitize|bench|options|queries|counters|fuzz|chain|
-#                                  prefill|sharded|all]...                                    (default: all)
+#   bash benchmarks/device_run.sh [build|smoke|test|sanitize|bench|options|queries|counters|fuzz|ab|
+#                                  timeline|chain|prefill|sharded|all]...                     (default: all)
 #
 #   build     import ffi_dsa, force the CUDA module build, print ptxas resource usage (-Xptxas -v)
 #             of each arch's translation units (cuda/csrc/sm_*/)
@@ -27,6 +27,13 @@
 #   queries   benchmarks/bench_queries.py (N queries per row, 32 heads) -> $OUT/queries.{log,json}
 #   counters  benchmarks/kernel_counters.py, N = 1 then N = 2      -> $OUT/counters.log
 #   fuzz      benchmarks/fuzz.py ${FUZZ_ARGS:---device cuda --calls 10000}  -> $OUT/fuzz.log
+#   ab        benchmarks/ab_modules.py against another tree's module, both in one process: AB_AGAINST
+#             (default .main, a copy of main's tree: `git archive main | tar -x -C .main`, named in
+#             the call's carry), AB_WORKLOADS (default W1,W2,W3,W4,W5,W6), for each N of AB_QUERIES
+#             (default "1 2 4"); the other module is built in /tmp/ffi_dsa_cache_against
+#                                                                -> $OUT/ab.log
+#   timeline  benchmarks/kernel_timeline.py ${TIMELINE_ARGS:-W1,W2,W3,W4,W5,W6} (add --queries N,
+#             --rows, --select-threads 512, --floor)              -> $OUT/timeline.log
 #   sharded   several GPUs: their tests, bench_sharded_jax, bench_jax_processes (one process per GPU,
 #             jax.distributed) and bench_torch_ranks -> $OUT/sharded_*
 #   chain     the production chain side by side (.chain/run.sh ${CHAIN_ARGS:---mtp}; carry .chain,
@@ -251,6 +258,29 @@ step_counters() {
   return $rc
 }
 
+step_ab() {
+  local against=${AB_AGAINST:-.main} n rc=0
+  [ -d "$against/ffi_dsa" ] || { echo "ab: $against holds no ffi_dsa tree (carry a copy of main's tree)"; return 1; }
+  : >"$OUT/ab.log"
+  for n in ${AB_QUERIES:-1 2 4}; do
+    local queries=()
+    [ "$n" != 1 ] && queries=(--queries "$n")  # N = 1: the rank-3 q of one query per row
+    python3 benchmarks/ab_modules.py --against "$against" --against-cache /tmp/ffi_dsa_cache_against \
+      "${AB_WORKLOADS:-W1,W2,W3,W4,W5,W6}" "${queries[@]}" 2>&1 | tee -a "$OUT/ab.log"
+    [ "${PIPESTATUS[0]}" -ne 0 ] && rc=1
+  done
+  return $rc
+}
+
+step_timeline() {
+  set -o pipefail
+  # shellcheck disable=SC2086
+  python3 benchmarks/kernel_timeline.py ${TIMELINE_ARGS:-W1,W2,W3,W4,W5,W6} 2>&1 | tee "$OUT/timeline.log"
+  local rc=$?
+  set +o pipefail
+  return $rc
+}
+
 step_fuzz() {
   set -o pipefail
   # shellcheck disable=SC2086
@@ -319,8 +349,8 @@ EXPANDED=()
 for s in "${STEPS[@]}"; do
   case "$s" in
     all) EXPANDED+=(build smoke test sanitize bench) ;;
-    build|smoke|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded) EXPANDED+=("$s") ;;
-    *) echo "usage: bash benchmarks/device_run.sh [build|smoke|test|sanitize|bench|options|queries|counters|fuzz|chain|prefill|sharded|all]..."
+    build|smoke|test|sanitize|bench|options|queries|counters|fuzz|ab|timeline|chain|prefill|sharded) EXPANDED+=("$s") ;;
+    *) echo "usage: bash benchmarks/device_run.sh [build|smoke|test|sanitize|bench|options|queries|counters|fuzz|ab|timeline|chain|prefill|sharded|all]..."
        exit 2 ;;
   esac
 done
