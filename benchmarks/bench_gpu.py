@@ -106,7 +106,8 @@ def workloads(seed: int = 1234) -> dict[str, dict]:
         "L1": {"lens": np.full(1, 1 << 20), "desc": "B=1 x 1M"},
         "L2": {"lens": np.full(256, 2049), "desc": "B=256 x 2049"},
         # short rows only (a generator of its own: the others' lengths stay as they were). At N = 4,
-        # 192 query rows: longest first in a wide table without max_seq_len (its cost), paired with it
+        # 192 query rows, past one wave of 1024-thread select CTAs: W7w (no max_seq_len) times what
+        # a plan for the table's width costs short rows
         "W7": {"lens": np.random.default_rng(seed + 7).integers(1024, 8192 + 1, size=48), "desc": "B=48, U(1K..8K)"},
     }
     # The same rows in block tables as wide as serving engines allocate them (the model's longest

@@ -48,6 +48,7 @@ import torch
 
 import ffi_dsa  # noqa: E402
 from ffi_dsa.cuda_options import SELECT_PHASES, select_stamps, set_cuda_options, using_cuda_options  # noqa: E402
+from ffi_dsa.decode_reference import visible_lengths  # noqa: E402
 from bench_gpu import Clock, _clock_hz, capture_graphs, rotating_sets, workloads  # noqa: E402
 
 MB = 1 << 20
@@ -134,13 +135,6 @@ def stamped_selects(graphs, slots: int, replays: int) -> tuple[float, float, dic
     return median(call_tails), median(own), {name: median(v) for name, v in phases.items()}
 
 
-def query_row_lengths(lens, queries: int | None) -> list[int]:
-    """The tokens each query row of a batch of row lengths `lens` sees (query j of N: len - (N - 1 - j),
-    at least 0), in query-row order."""
-    n = queries or 1
-    return [max(0, int(length) - (n - 1 - j)) for length in lens for j in range(n)]
-
-
 def row_waves(stamps, seen: list[int], name: str = "", top: int = 4) -> list[str]:
     """One split-path call's selects against their query rows' lengths: `stamps` by slot (slot r:
     query row r's select, by its cluster's first CTA), `seen` the query rows' lengths. Lines: the
@@ -225,7 +219,8 @@ def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, q
         device = torch.cuda.current_device()
         select_stamps(device, slots)
         stamped[0].replay()
-        seen = query_row_lengths(spec["lens"], queries)
+        lens = spec["lens"]
+        seen = list(visible_lengths(lens, queries or 1, (int(max(lens, default=0)) + 63) // 64))
         text += "\n" + "\n".join(line + label for line in row_waves(select_stamps(device, slots), seen, name))
     return text
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ffi_dsa.cuda_options import cuda_options, select_stamps, set_cuda_options, using_cuda_options
+from ffi_dsa.decode_reference import visible_lengths
 from ffi_dsa.workloads import make_batch
 
 from conftest import assert_valid_topk, make_exact_batch, run_dps
@@ -290,7 +291,7 @@ def test_longest_first_starts_the_longest_rows_in_the_first_wave():
         out, stamps = _stamped(args, rows)
     assert_valid_topk(out, batch)
     assert all(s is not None for s in stamps)  # every query row is longer than K: each has a select
-    seen = (lens[:, None] - np.arange(3, -1, -1)).reshape(-1)  # causal: query j sees len - (N - 1 - j)
+    seen = visible_lengths(lens, 4, batch.block_table.shape[1])
     order = np.lexsort((np.arange(rows), -seen))  # longest first, the earlier row first among equals
     second_wave = order[sms:]
     longest = order[:4]

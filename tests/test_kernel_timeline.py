@@ -77,8 +77,9 @@ def split_stamp(start_ns: int, own_ns: int) -> SelectStamps:
 
 
 def test_query_rows_see_their_causal_lengths():
-    assert timeline.query_row_lengths([5000, 2], 4) == [4997, 4998, 4999, 5000, 0, 0, 1, 2]
-    assert timeline.query_row_lengths([7, 0], None) == [7, 0]
+    """The lengths --rows sets beside each query row's stamps (the contract's, as the reference has them)."""
+    assert list(timeline.visible_lengths([5000, 2], 4, 79)) == [4997, 4998, 4999, 5000, 0, 0, 1, 2]
+    assert list(timeline.visible_lengths([7, 0], 1, 1)) == [7, 0]
 
 
 def test_row_waves_give_the_later_wave_the_cost_per_key_and_the_last_rows():

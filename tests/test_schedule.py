@@ -21,36 +21,36 @@ PROGRAM = r"""
 #include <cstdlib>
 using namespace ffi_dsa::sm90;
 int main(int argc, char** argv) {
-  // batch queries max_pages planned_tokens paired_fits paired_staged_keys staged_keys select_threads
-  if (argc != 9) return 2;
-  int64_t v[8];
-  for (int i = 0; i < 8; ++i) v[i] = std::atoll(argv[i + 1]);
+  // batch queries max_pages planned_tokens paired_staged_keys staged_keys select_threads
+  if (argc != 8) return 2;
+  int64_t v[7];
+  for (int i = 0; i < 7; ++i) v[i] = std::atoll(argv[i + 1]);
   ClusterOccupancy occupancy{};
   for (int c = 1; c <= kMaxSelectCluster; ++c) occupancy.active[c] = c <= 8 ? 132 / c : c <= 14 ? 120 / c : 0;
-  const Schedule s = PlanSchedule(v[0], v[1], v[2], v[3], 132, 8192, occupancy, false, v[4] != 0, v[5], v[6],
-                                  static_cast<int>(v[7]));
+  const Schedule s = PlanSchedule(v[0], v[1], v[2], v[3], 132, 8192, occupancy, false, v[4], v[5],
+                                  static_cast<int>(v[6]));
   std::printf("%d %d %d\n", s.cluster_size, s.select_threads, int(s.longest_first));
   return 0;
 }
 """
 
-# (batch, N, planned tokens, paired fits, paired staged keys, knob) -> (cluster, threads, longest first)
+# (batch, N, planned tokens, paired staged keys (0: two do not fit an SM), knob) -> (cluster, threads, longest first)
 CASES = {
     "W4 N=4: 256 rows of up to 32K, past the paired CTA's keys: 1024 threads, longest first":
-        ((64, 4, 32768, 1, PAIRED_UNSORTED, 0), (1, 1024, 1)),
-    "W4 N=4 sorted: the paired CTA stages less": ((64, 4, 16384, 1, PAIRED_SORTED, 0), (1, 1024, 1)),
-    "rows that a paired CTA stages: paired, one wave": ((64, 4, 16384, 1, PAIRED_UNSORTED, 0), (1, 512, 0)),
-    "a wide table without max_seq_len: paired (most often short rows)": ((48, 4, 163840, 1, PAIRED_UNSORTED, 0),
+        ((64, 4, 32768, PAIRED_UNSORTED, 0), (1, 1024, 1)),
+    "W4 N=4 sorted: the paired CTA stages less": ((64, 4, 16384, PAIRED_SORTED, 0), (1, 1024, 1)),
+    "rows that a paired CTA stages: paired, one wave": ((64, 4, 16384, PAIRED_UNSORTED, 0), (1, 512, 0)),
+    "a wide table without max_seq_len: paired (most often short rows)": ((48, 4, 163840, PAIRED_UNSORTED, 0),
                                                                          (1, 512, 0)),
-    "W5 N=4: 512 rows, more than 2 x SMs: paired": ((128, 4, 8192, 1, PAIRED_UNSORTED, 0), (1, 512, 0)),
-    "280 rows, more than 2 x SMs: paired": ((70, 4, 32768, 1, PAIRED_UNSORTED, 0), (1, 512, 0)),
-    "W4 N=2: 128 rows, one wave: 1024 threads in grid order": ((64, 2, 32768, 1, PAIRED_UNSORTED, 0), (1, 1024, 0)),
-    "the knob at 512: paired": ((64, 4, 32768, 1, PAIRED_UNSORTED, 512), (1, 512, 0)),
-    "the knob at 1024, two waves: longest first": ((50, 4, 8192, 1, PAIRED_UNSORTED, 1024), (1, 1024, 1)),
-    "the knob at 1024, 292 rows: past the ranked rows, grid order": ((73, 4, 8192, 1, PAIRED_UNSORTED, 1024),
+    "W5 N=4: 512 rows, more than 2 x SMs: paired": ((128, 4, 8192, PAIRED_UNSORTED, 0), (1, 512, 0)),
+    "280 rows, more than 2 x SMs: paired": ((70, 4, 32768, PAIRED_UNSORTED, 0), (1, 512, 0)),
+    "W4 N=2: 128 rows, one wave: 1024 threads in grid order": ((64, 2, 32768, PAIRED_UNSORTED, 0), (1, 1024, 0)),
+    "the knob at 512: paired": ((64, 4, 32768, PAIRED_UNSORTED, 512), (1, 512, 0)),
+    "the knob at 1024, two waves: longest first": ((50, 4, 8192, PAIRED_UNSORTED, 1024), (1, 1024, 1)),
+    "the knob at 1024, 292 rows: past the ranked rows, grid order": ((73, 4, 8192, PAIRED_UNSORTED, 1024),
                                                                        (1, 1024, 0)),
-    "two CTAs do not fit an SM: 1024 threads, longest first": ((50, 4, 163840, 0, 0, 0), (1, 1024, 1)),
-    "few long rows: clusters, never longest first": ((2, 4, 65536, 1, PAIRED_UNSORTED, 0), (8, 1024, 0)),
+    "two CTAs do not fit an SM: 1024 threads, longest first": ((50, 4, 163840, 0, 0), (1, 1024, 1)),
+    "few long rows: clusters, never longest first": ((2, 4, 65536, PAIRED_UNSORTED, 0), (8, 1024, 0)),
 }
 
 
@@ -65,9 +65,9 @@ def plan(tmp_path_factory):
     include = _build.native_dir() / "include"
     subprocess.run([compiler, "-O1", "-std=c++17", f"-I{include}", str(source), "-o", str(binary)], check=True)
 
-    def run(batch, queries, planned, paired_fits, paired_keys, knob):
+    def run(batch, queries, planned, paired_keys, knob):
         max_pages = (planned + 63) // 64
-        args = [batch, queries, max_pages, planned, paired_fits, paired_keys, STAGED, knob]
+        args = [batch, queries, max_pages, planned, paired_keys, STAGED, knob]
         done = subprocess.run([str(binary), *map(str, args)], capture_output=True, text=True, timeout=30, check=True)
         return tuple(int(x) for x in done.stdout.split())
     return run

@@ -59,8 +59,8 @@ struct ClusterOccupancy {
 // Select CTAs of 1024 threads fill an SM each, so more single-CTA query rows than SMs (N = 4:
 // B = 64 is 256 query rows, B = 128 is 512) run in waves, each wave waiting for its slowest row.
 // There the select takes CTAs of 512 threads, two an SM: half the waves (one for up to 2 x SMs
-// rows), each row on half the threads. `paired_fits`: two such CTAs fit an SM at the launch's
-// shared memory (sm90_device_facts.h); `paired_staged_keys`: the keys such a CTA stages.
+// rows), each row on half the threads. `paired_staged_keys`: the keys such a CTA stages with two
+// an SM at the launch's shared memory (sm90_device_facts.h; 0: two do not fit).
 // But a row longer than a paired CTA stages reads L2 on every pass at half an SM's threads, and
 // alone sets the tail of the one wave. So where the planned row is that long, yet staged whole by
 // a 1024-thread CTA (`staged_keys`), and the query rows take two waves of those (at most 2 x SMs,
@@ -72,7 +72,7 @@ struct ClusterOccupancy {
 // are the long ones. Any launch of single-CTA 1024-thread rows past one wave (up to
 // kLongestFirstMaxRows) runs longest first: the order changes no output.
 inline Schedule PlanSchedule(int64_t batch, int64_t queries, int64_t max_pages, int64_t planned_tokens, int num_sms,
-                             int64_t slice_keys, const ClusterOccupancy& occupancy, bool fused_fits, bool paired_fits,
+                             int64_t slice_keys, const ClusterOccupancy& occupancy, bool fused_fits,
                              int64_t paired_staged_keys, int64_t staged_keys, int select_threads) {
   Schedule s;
   s.score_ctas = static_cast<int32_t>(std::clamp<int64_t>(batch * std::max<int64_t>(1, max_pages), 1,
@@ -92,7 +92,7 @@ inline Schedule PlanSchedule(int64_t batch, int64_t queries, int64_t max_pages, 
                                    planned_tokens > paired_staged_keys && planned_tokens <= staged_keys;
   int one_cta = waves && !long_rows_two_waves ? kPairedSelectThreads : kSelectRowsThreads;
   if (select_threads != 0) one_cta = select_threads;
-  s.select_threads = cluster == 1 && paired_fits ? one_cta : kSelectRowsThreads;
+  s.select_threads = cluster == 1 && paired_staged_keys > 0 ? one_cta : kSelectRowsThreads;
   s.longest_first = cluster == 1 && waves && rows <= kLongestFirstMaxRows && s.select_threads == kSelectRowsThreads;
   s.fused = fused_fits && static_cast<double>(batch) >= kFusedMinSmShare * num_sms;
   return s;

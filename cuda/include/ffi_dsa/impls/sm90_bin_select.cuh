@@ -932,7 +932,7 @@ __device__ void SelectRow(Storage<kThreads>& s, SortStorage<kThreads>* sort, con
   const uint32_t bin = s.bin, need = s.need;  // either way published in shared memory
   const uint32_t selected = min(topk, s.above + need);
   // Computed here, not read from s.bin_lo / s.bin_hi: reading them made ptxas nearly double the
-  // fused kernels of N >= 2 queries (FusedRowsKernel<64, 2>: 9.3K -> 17.1K instructions).
+  // fused kernels of N >= 2 queries (benchmarks/NOTES.md, "Cluster barriers released at cluster scope").
   const uint32_t lo = SelectBinLowKey(bin), hi = SelectBinHighKey(bin);
   const bool single = SingleValueBin(bin);
   MemberPass<kThreads>(s, keys, o.begin, lo, hi, !single, tid);

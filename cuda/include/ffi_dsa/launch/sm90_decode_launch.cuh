@@ -124,7 +124,6 @@ void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning
   const ClusterOccupancy clusters = CapClusters(device.select_clusters, tuning.max_select_cluster);
   const Schedule plan = PlanSchedule(a.batch, a.queries, a.max_pages, planned_tokens, device.sm_count, kSliceKeys,
                                      clusters, FusedFits<kHeads, kQueries>(device, tuning, max_tokens),
-                                     device.paired_staged_limit[sorted_by_score] > 0,
                                      device.paired_staged_limit[sorted_by_score], kMaxStagedKeys,
                                      tuning.select_threads);
   // Scores are needed unless no row has a token, or no query can be longer than K with the output
