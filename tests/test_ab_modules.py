@@ -31,7 +31,10 @@ def test_the_same_module_agrees_with_itself(device, tmp_path):
         assert line.endswith("bytes equal"), line
         this, other, ratio = (float(x) for x in re.search(r"this +([\d.]+) us +other +([\d.]+) us +other/this +([\d.]+)",
                                                              line).groups())
-        assert this > 0 and other > 0 and ratio == pytest.approx(other / this, abs=1e-3)
+        # The line rounds the times to 0.01 us and the ratio (of the unrounded times) to 0.001: C1's
+        # and C2's few microseconds move other / this of the printed times by up to ~0.003.
+        slack = 0.0005 + (other / this) * (0.005 / this + 0.005 / other)
+        assert this > 0 and other > 0 and ratio == pytest.approx(other / this, abs=slack)
 
 
 def test_an_unknown_workload_is_named():

@@ -171,6 +171,31 @@ def test_every_branch_one_cta_and_clusters_exact(name, sorted_):
         np.testing.assert_array_equal(outs[cap], outs[16], err_msg=f"{name}: max_select_cluster={cap}")
 
 
+@pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
+def test_cluster_rows_of_at_most_k_candidates_take_every_one(sorted_):
+    """Rows on clusters whose pages are mostly invalid: K - 192, K and K + 64 candidates spread over
+    every CTA's slice. The first two take every candidate (the threshold is the NaN bin, every NaN
+    needed), the third ranks them; exact, and the same bytes under every cluster cap."""
+    lens = [40000, 130000, 70000]
+    batch = scored_batch(lens, lambda b, n, rng: spread(n, rng), seed=770)
+    rng = np.random.default_rng(771)
+    for b, (n, keep) in enumerate(zip(lens, (DEFAULT_K // PAGE_TOKENS - 3, DEFAULT_K // PAGE_TOKENS,
+                                             DEFAULT_K // PAGE_TOKENS + 1))):
+        pages = -(-n // PAGE_TOKENS)
+        valid = rng.choice(pages - 1, keep, replace=False)  # whole pages: not the row's partial last one
+        invalid = np.setdiff1d(np.arange(pages), valid)
+        batch.block_table[b, invalid] = -1
+    args = batch.to_torch("cuda")
+    outs = {}
+    for cap in CAPS:
+        with using_cuda_options(max_select_cluster=cap, fused=False):
+            outs[cap] = run_dps(args, sorted=sorted_)
+    assert ((outs[16] != -1).sum(axis=1) == [DEFAULT_K - 3 * PAGE_TOKENS, DEFAULT_K, DEFAULT_K]).all()
+    assert_exact(outs[16], batch, sorted=sorted_, name="at most K candidates")
+    for cap in CAPS[1:]:
+        np.testing.assert_array_equal(outs[cap], outs[16], err_msg=f"max_select_cluster={cap}")
+
+
 @pytest.mark.parametrize("name", list(DISTRIBUTIONS))
 def test_every_branch_on_512_thread_ctas_exact(name):
     """The same rows on one CTA of 512 threads each (the schedule's CTAs past one wave of query
