@@ -219,8 +219,7 @@ def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, q
         device = torch.cuda.current_device()
         select_stamps(device, slots)
         stamped[0].replay()
-        lens = spec["lens"]
-        seen = list(visible_lengths(lens, queries or 1, (int(max(lens, default=0)) + 63) // 64))
+        seen = list(visible_lengths(spec["lens"], queries or 1, int(rot.mega.block_table.shape[1])))
         text += "\n" + "\n".join(line + label for line in row_waves(select_stamps(device, slots), seen, name))
     return text
 

@@ -23,9 +23,10 @@ them is a tuning knob for users:
 * ``select_threads``: ``SelectRowsKernel``'s CTA size where a query row gets one CTA: ``0`` the
   schedule's choice (512 threads, two CTAs an SM, when a launch has more such rows than SMs, unless
   they are at most twice the SMs and 288 and the planned row is longer than such a CTA stages, up
-  to 32K keys; else 1024, one an SM), or ``512`` / ``1024`` for every such launch. Clusters (long rows) always take
-  1024. ``512`` falls back to 1024 on a GPU where two such CTAs do not fit an SM. 1024-thread CTAs
-  of one a row, more than the SMs (up to 288), select the rows longest first (the same bytes).
+  to 32K keys; else 1024, one an SM), or ``512`` / ``1024`` for every such launch. Clusters (long
+  rows) always take 1024. ``512`` falls back to 1024 on a GPU where two such CTAs do not fit an SM.
+  1024-thread CTAs of one a row, more than the SMs (up to 288), select the rows longest first (the
+  same bytes).
 
 The settings live in the CUDA module (cuda/include/ffi_dsa/launch/tuning.h), which is loaded (and,
 without a prebuilt one, compiled) on first use.
