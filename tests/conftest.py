@@ -29,6 +29,7 @@ import ffi_dsa
 import ffi_dsa.torch_ops  # noqa: F401  (registers torch.ops.dsa.*)
 from ffi_dsa.contract import DEFAULT_TOPK as DEFAULT_K
 from ffi_dsa.contract import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_FP8_BYTES, PAGE_TOKENS
+from ffi_dsa.cuda_options import using_cuda_options
 from ffi_dsa.decode import output_shape
 from ffi_dsa.workloads import Batch, make_batch
 
@@ -178,6 +179,23 @@ def run_dps(args, topk=DEFAULT_K, *, sorted=False, validate=False, **options) ->
     ffi_dsa.call(*args, out, sorted=sorted, validate=validate, **options)
     assert_all_written(out)
     return out.cpu().numpy()
+
+
+# Every cap on the split path's select clusters (ffi_dsa.cuda_options max_select_cluster), largest first.
+CLUSTER_CAPS = (16, 8, 4, 2, 1)
+
+
+def run_under_every_cluster_cap(args, *, sorted=False, name: str = "") -> np.ndarray:
+    """``run_dps`` on the split path under every cap of CLUSTER_CAPS; asserts that every cap gives
+    the same bytes and returns them (a row's cluster size must not change its output)."""
+    outs = {}
+    for cap in CLUSTER_CAPS:
+        with using_cuda_options(max_select_cluster=cap, fused=False):
+            outs[cap] = run_dps(args, sorted=sorted)
+    first = outs[CLUSTER_CAPS[0]]
+    for cap in CLUSTER_CAPS[1:]:
+        np.testing.assert_array_equal(outs[cap], first, err_msg=f"{name}: max_select_cluster={cap}")
+    return first
 
 
 def fill_past_rows(batch: Batch, seed: int) -> None:

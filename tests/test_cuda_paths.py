@@ -15,7 +15,7 @@ from ffi_dsa.cuda_options import cuda_options, select_stamps, set_cuda_options, 
 from ffi_dsa.decode_reference import visible_lengths
 from ffi_dsa.workloads import make_batch
 
-from conftest import assert_valid_topk, make_exact_batch, run_dps
+from conftest import assert_valid_topk, make_exact_batch, run_dps, run_under_every_cluster_cap
 from mtp_batches import Form, mtp_batch
 
 pytestmark = pytest.mark.cuda
@@ -190,14 +190,8 @@ def test_without_programmatic_launch_the_same_bytes(fused):
 def test_every_select_cluster_cap_gives_the_same_bytes(sorted_):
     """Rows long enough for 16-CTA clusters, selected with clusters capped at 1, 2, 4, 8 and 16."""
     batch = make_batch([131072, 70000, 20000, 2049], seed=306)
-    args = batch.to_torch("cuda")
-    outs = {}
-    for cap in (16, 8, 4, 2, 1):
-        with using_cuda_options(max_select_cluster=cap):
-            outs[cap] = run_dps(args, sorted=sorted_)
-    for cap in (8, 4, 2, 1):
-        np.testing.assert_array_equal(outs[cap], outs[16], err_msg=f"max_select_cluster={cap}")
-    assert_valid_topk(outs[16], batch, sorted=sorted_)
+    out = run_under_every_cluster_cap(batch.to_torch("cuda"), sorted=sorted_)
+    assert_valid_topk(out, batch, sorted=sorted_)
 
 
 def test_both_select_cta_sizes_give_the_same_bytes_past_their_staged_keys():

@@ -37,13 +37,12 @@ from ffi_dsa.workloads import make_batch
 
 from ffi_dsa.cuda_options import using_cuda_options
 
-from conftest import DEFAULT_K, assert_exact, assert_valid_topk, fp8_bytes, page_bytes, run_dps
+from conftest import (DEFAULT_K, assert_exact, assert_valid_topk, fp8_bytes, page_bytes, run_dps,
+                      run_under_every_cluster_cap)
 from test_cuda_paths import _stamped, fused_batch_size, kernels_run, select_cta_sizes
 from test_positions import to_slots
 
 pytestmark = pytest.mark.cuda
-
-CAPS = (16, 8, 4, 2, 1)
 
 
 def scored_batch(lens, scales_of_row, *, seed: int, queries: int | None = None, heads: int = 64):
@@ -161,14 +160,8 @@ def test_every_branch_one_cta_and_clusters_exact(name, sorted_):
     lens = [8192, 16384, 40000, 130000, 9000]
     fn = DISTRIBUTIONS[name]
     batch = scored_batch(lens, lambda b, n, rng: fn(n, rng), seed=700 + list(DISTRIBUTIONS).index(name))
-    args = batch.to_torch("cuda")
-    outs = {}
-    for cap in CAPS:
-        with using_cuda_options(max_select_cluster=cap, fused=False):
-            outs[cap] = run_dps(args, sorted=sorted_)
-    assert_exact(outs[16], batch, sorted=sorted_, name=name)
-    for cap in CAPS[1:]:
-        np.testing.assert_array_equal(outs[cap], outs[16], err_msg=f"{name}: max_select_cluster={cap}")
+    out = run_under_every_cluster_cap(batch.to_torch("cuda"), sorted=sorted_, name=name)
+    assert_exact(out, batch, sorted=sorted_, name=name)
 
 
 @pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])
@@ -185,15 +178,9 @@ def test_cluster_rows_of_at_most_k_candidates_take_every_one(sorted_):
         valid = rng.choice(pages - 1, keep, replace=False)  # whole pages: not the row's partial last one
         invalid = np.setdiff1d(np.arange(pages), valid)
         batch.block_table[b, invalid] = -1
-    args = batch.to_torch("cuda")
-    outs = {}
-    for cap in CAPS:
-        with using_cuda_options(max_select_cluster=cap, fused=False):
-            outs[cap] = run_dps(args, sorted=sorted_)
-    assert ((outs[16] != -1).sum(axis=1) == [DEFAULT_K - 3 * PAGE_TOKENS, DEFAULT_K, DEFAULT_K]).all()
-    assert_exact(outs[16], batch, sorted=sorted_, name="at most K candidates")
-    for cap in CAPS[1:]:
-        np.testing.assert_array_equal(outs[cap], outs[16], err_msg=f"max_select_cluster={cap}")
+    out = run_under_every_cluster_cap(batch.to_torch("cuda"), sorted=sorted_, name="at most K candidates")
+    assert ((out != -1).sum(axis=1) == [DEFAULT_K - 3 * PAGE_TOKENS, DEFAULT_K, DEFAULT_K]).all()
+    assert_exact(out, batch, sorted=sorted_, name="at most K candidates")
 
 
 @pytest.mark.parametrize("name", list(DISTRIBUTIONS))
