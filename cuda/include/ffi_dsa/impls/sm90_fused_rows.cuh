@@ -331,8 +331,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     const int32_t page = row_pages[i];
     if (page >= 0) {
       MbarArriveExpectTx(&ring.full[st], kPageFp8Bytes + kScaleBytes);
-      TmaLoad3d(ring.k_tiles[st], &k_map, 0, 0, page, &ring.full[st]);
-      BulkLoad(ring.scales[st], fp.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes, &ring.full[st]);
+      const uint64_t streamed = EvictFirstPolicy();  // the pages: read once (sm90_ptx.cuh)
+      TmaLoad3d(ring.k_tiles[st], &k_map, 0, 0, page, &ring.full[st], streamed);
+      BulkLoad(ring.scales[st], fp.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes, &ring.full[st],
+               streamed);
     } else {
       MbarArrive(&ring.full[st]);  // nothing to load: the consumers see the invalid id themselves
     }

@@ -118,6 +118,15 @@ __device__ __forceinline__ void TmaLoad3d(void* dst, const CUtensorMap* map, int
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(SmemAddr(bar))
       : "memory");
 }
+// The same with an L2 cache policy (EvictFirstPolicy).
+__device__ __forceinline__ void TmaLoad3d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1,
+                                          int32_t c2, uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(SmemAddr(bar)), "l"(policy)
+      : "memory");
+}
 __device__ __forceinline__ void TmaLoad2d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
@@ -131,6 +140,21 @@ __device__ __forceinline__ void BulkLoad(void* dst, const void* src, uint32_t by
           SmemAddr(dst)),
       "l"(src), "r"(bytes), "r"(SmemAddr(bar))
       : "memory");
+}
+__device__ __forceinline__ void BulkLoad(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          SmemAddr(dst)),
+      "l"(src), "r"(bytes), "r"(SmemAddr(bar)), "l"(policy)
+      : "memory");
+}
+// An L2 policy for bytes a call reads once (the K cache's pages): L2 evicts their lines first, so
+// that the page stream, many times L2's size on large batches, does not push out what the call
+// reads back soon (the split path's keys in the workspace, read by the select from L2).
+__device__ __forceinline__ uint64_t EvictFirstPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
 }
 // Asks L2 for the 128-byte line holding `address` (no register result, no fault semantics needed:
 // callers pass addresses inside the buffer).

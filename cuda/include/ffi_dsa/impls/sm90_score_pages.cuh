@@ -172,6 +172,7 @@ __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, con
   // ids at once, so no issue waits on a block-table load of its own.
   const int pw = (tid - kMathThreads) / 32, lane = tid % 32;
   const bool leader = lane == 0;
+  const uint64_t streamed = EvictFirstPolicy();  // the pages: read once (sm90_ptx.cuh)
   int segment = 0, i0 = 0;
   while (walk.Next<kQueries>(p, s.range_end)) {
     const int np = walk.page_end - walk.page_begin;
@@ -193,8 +194,9 @@ __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, con
           stage.page = page;  // published by the arrive below (release)
           if (page >= 0 && page < p.num_pages) {
             MbarArriveExpectTx(&stage.full, kPageFp8Bytes + kScaleBytes);
-            TmaLoad3d(stage.k_tile, &k_map, 0, 0, page, &stage.full);
-            BulkLoad(stage.scales, p.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes, &stage.full);
+            TmaLoad3d(stage.k_tile, &k_map, 0, 0, page, &stage.full, streamed);
+            BulkLoad(stage.scales, p.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes, &stage.full,
+                     streamed);
           } else {
             MbarArrive(&stage.full);  // nothing to load: the consumers see the invalid id themselves
           }
