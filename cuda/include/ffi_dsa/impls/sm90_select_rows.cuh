@@ -1,12 +1,13 @@
 // SelectRowsKernel, the second kernel of the split path: the exact top-K of every query row (query
 // j of row b, b * N + j) from the rank keys ScorePagesKernel left in the workspace (L2-resident
-// right after it). One cluster of `cluster_size` CTAs per query row; CTA r of the cluster owns the
-// r-th slice of the query's prefix of the row (whole pages). Each thread copies its quads of the
-// slice from L2 into shared memory and counts them into the slice's histogram on the way
-// (sm90_bin_select.cuh: the bins need no range, so nothing waits for a stats pass); the select
-// then reads shared memory only. Slices longer than `staged_capacity` (rows of more than 16 x 32K
-// tokens) are binned the same way and read from L2 on every pass. A row of at most 8K keys on one
-// CTA, unsorted, stages nothing: its keys stay in registers (sm90_select_small.cuh).
+// right after it: the pages streamed past them at evict-first priority, sm90_ptx.cuh). One cluster
+// of `cluster_size` CTAs per query row; CTA r of the cluster owns the r-th slice of the query's
+// prefix of the row (whole pages). Each thread copies its quads of the slice from L2 into shared
+// memory and counts them into the slice's histogram on the way (sm90_bin_select.cuh: the bins need
+// no range, so nothing waits for a stats pass); the select then reads shared memory only. Slices
+// longer than `staged_capacity` (rows of more than 16 x 32K tokens) are binned the same way and
+// read from L2 on every pass. A row of at most 8K keys on one CTA, unsorted, stages nothing: its
+// keys stay in registers (sm90_select_small.cuh).
 //
 // 1024 threads at <= 64 registers: the select is a chain of short phases of a few instructions per
 // key each, so it wants as many warps per scheduler as the SM holds (8), to issue while others wait.
