@@ -2,6 +2,7 @@
 
     python benchmarks/ab_modules.py --against PATH [--against-cache DIR] [W5,W1 ...] [--queries N]
                                     [--rounds R] [--replays M] [--device cuda|cpu] [--rotate-mb MB]
+                                    [--between-mb MB]
 
 Two builds timed in two processes, a minute apart, differ by what the machine did in between
 (clocks, temperature, the other process's allocations) by as much as a select change saves
@@ -16,6 +17,12 @@ or `--against-cache`); both modules must take the same arguments (the bindings' 
 export none of their own C++ (cuda/module_exports.map: a module built before that ran the first
 module's code, so the two timed alike; such a module is refused, exit 2). Exit code 1 if any
 output differs.
+
+`--between-mb MB` copies MB MiB from one scratch buffer to another after each call, in the same
+graph, as the rest of a model's layer would between two of its indexer calls: the L2 lines a call
+leaves (its workspace's keys, the small inputs) are then evicted before the next call, as in serving,
+instead of staying resident across the replays. Both modules' times include the copy, so the ratio
+shrinks toward 1; the difference of the two times is the modules'.
 """
 
 from __future__ import annotations
@@ -55,8 +62,22 @@ def bound_call(kernel, args, out, max_seq_len=None):
     return lambda: kernel(*ready, *attrs)
 
 
+def with_copy_after(call, between_mb: int, device: str):
+    """`call`, then a copy of `between_mb` MiB between two scratch buffers of `device` (nothing
+    more with 0)."""
+    if between_mb <= 0:
+        return call
+    src = torch.ones(between_mb * MB // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+
+    def both():
+        call()
+        dst.copy_(src)
+    return both
+
+
 def compare(name: str, spec: dict, kernels: dict, device: str, rotate_mb: int, rounds: int, replays: int,
-            queries: int | None) -> tuple[str, bool]:
+            queries: int | None, between_mb: int = 0) -> tuple[str, bool]:
     """One line for workload `name` and whether both modules wrote the same bytes."""
     rot = rotating_sets(spec["lens"], device, rotate_mb * MB, seed=11, max_sets=64, queries=queries,
                         max_pages=spec.get("table_pages"))
@@ -64,7 +85,8 @@ def compare(name: str, spec: dict, kernels: dict, device: str, rotate_mb: int, r
     calls = {}  # who -> one zero-argument call per input set: a CUDA graph's replay on a GPU
     for who, kernel in kernels.items():
         def make_call(i, kernel=kernel, who=who):
-            return bound_call(kernel, rot.set_args(i), outs[who][i], spec.get("max_seq_len"))
+            call = bound_call(kernel, rot.set_args(i), outs[who][i], spec.get("max_seq_len"))
+            return with_copy_after(call, between_mb, device)
         if device == "cuda":
             calls[who] = [g.replay for g in capture_graphs(make_call, rot.sets, pool=torch.cuda.graph_pool_handle())]
         else:
@@ -92,6 +114,7 @@ def compare(name: str, spec: dict, kernels: dict, device: str, rotate_mb: int, r
     this, other = (statistics.median(times[w]) * 1e6 for w in order)
     line = (f"{name:4s} N={queries or 1}  this {this:8.2f} us  other {other:8.2f} us  other/this {other / this:6.3f} "
             f"(rounds {min(ratios):.3f}-{max(ratios):.3f}, {rounds} x {replays} calls each)  "
+            + (f"other - this {other - this:+.2f} us with a {between_mb} MiB copy after each call  " if between_mb else "")
             + ("bytes equal" if same else "BYTES DIFFER" if written else "NOT WRITTEN"))
     return line, same
 
@@ -106,7 +129,11 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--replays", type=int, default=20, help="calls of each module per round")
     parser.add_argument("--rotate-mb", type=int, default=256, help="the input sets' cache, in MiB (L2-cold: >= 256)")
+    parser.add_argument("--between-mb", type=int, default=0,
+                        help="MiB copied after each call, in its graph (L2 evicted between calls, as in a model)")
     a = parser.parse_args(argv)
+    if a.between_mb < 0:
+        parser.error(f"--between-mb must be >= 0, not {a.between_mb}")
     specs = workloads()
     unknown = [n for n in a.workloads.split(",") if n not in specs]
     if unknown:
@@ -127,7 +154,8 @@ def main(argv=None) -> int:
     print(f"this:  {this_path}\nother: {other_path}", flush=True)
     ok = True
     for name in a.workloads.split(","):
-        line, same = compare(name, specs[name], kernels, a.device, a.rotate_mb, a.rounds, a.replays, a.queries)
+        line, same = compare(name, specs[name], kernels, a.device, a.rotate_mb, a.rounds, a.replays, a.queries,
+                             a.between_mb)
         print(line, flush=True)
         ok &= same
     return 0 if ok else 1

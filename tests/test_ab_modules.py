@@ -40,3 +40,19 @@ def test_the_same_module_agrees_with_itself(device, tmp_path):
 def test_an_unknown_workload_is_named():
     done = run("W5,W9", "--device", "cpu", "--against", FFI_DSA_PARENT)
     assert done.returncode == 2 and "unknown workload(s) W9;" in done.stderr
+
+
+def test_a_copy_between_calls_is_timed_with_both_modules(tmp_path):
+    done = run("C2", "--device", "cpu", "--against", FFI_DSA_PARENT, "--rounds", "2", "--replays", "3",
+               "--rotate-mb", "1", "--between-mb", "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [line] = [ln for ln in done.stdout.splitlines() if re.match(r"C2 +N=1 ", ln)]
+    this, other, diff = (float(x) for x in re.search(
+        r"this +([\d.]+) us +other +([\d.]+) us .* other - this ([+-][\d.]+) us with a 2 MiB copy after each call",
+        line).groups())
+    assert diff == pytest.approx(other - this, abs=0.011) and line.endswith("bytes equal"), line
+
+
+def test_a_negative_copy_is_refused():
+    done = run("C2", "--device", "cpu", "--against", FFI_DSA_PARENT, "--between-mb", "-1")
+    assert done.returncode == 2 and "--between-mb must be >= 0, not -1" in done.stderr
