@@ -110,15 +110,8 @@ __device__ __forceinline__ void MbarWaitBackoff(uint64_t* bar, uint32_t parity) 
 }
 
 // ---- TMA and bulk copies --------------------------------------------------------------------
-__device__ __forceinline__ void TmaLoad3d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1,
-                                          int32_t c2, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(SmemAddr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(SmemAddr(bar))
-      : "memory");
-}
-// The same with an L2 cache policy (EvictFirstPolicy).
+// The 3-D loads (the K cache's pages) and the bulk copies (their scales) take an L2 cache policy
+// (EvictFirstPolicy).
 __device__ __forceinline__ void TmaLoad3d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1,
                                           int32_t c2, uint64_t* bar, uint64_t policy) {
   asm volatile(
@@ -132,13 +125,6 @@ __device__ __forceinline__ void TmaLoad2d(void* dst, const CUtensorMap* map, int
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3}], [%4];" ::"r"(SmemAddr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(SmemAddr(bar))
-      : "memory");
-}
-__device__ __forceinline__ void BulkLoad(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          SmemAddr(dst)),
-      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
       : "memory");
 }
 __device__ __forceinline__ void BulkLoad(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
