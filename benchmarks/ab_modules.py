@@ -62,13 +62,20 @@ def bound_call(kernel, args, out, max_seq_len=None):
     return lambda: kernel(*ready, *attrs)
 
 
-def with_copy_after(call, between_mb: int, device: str):
-    """`call`, then a copy of `between_mb` MiB between two scratch buffers of `device` (nothing
-    more with 0)."""
+def scratch_pair(between_mb: int, device: str):
+    """Two buffers of `between_mb` MiB on `device`, which every call of a workload shares (None
+    with 0)."""
     if between_mb <= 0:
-        return call
+        return None
     src = torch.ones(between_mb * MB // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
+    return src, torch.empty_like(src)
+
+
+def with_copy_after(call, scratch):
+    """`call`, then a copy from scratch's first buffer to its second (nothing more without)."""
+    if scratch is None:
+        return call
+    src, dst = scratch
 
     def both():
         call()
@@ -82,11 +89,12 @@ def compare(name: str, spec: dict, kernels: dict, device: str, rotate_mb: int, r
     rot = rotating_sets(spec["lens"], device, rotate_mb * MB, seed=11, max_sets=64, queries=queries,
                         max_pages=spec.get("table_pages"))
     outs = {who: [torch.full_like(o, POISON) for o in rot.outs] for who in kernels}
+    scratch = scratch_pair(between_mb, device)
     calls = {}  # who -> one zero-argument call per input set: a CUDA graph's replay on a GPU
     for who, kernel in kernels.items():
         def make_call(i, kernel=kernel, who=who):
             call = bound_call(kernel, rot.set_args(i), outs[who][i], spec.get("max_seq_len"))
-            return with_copy_after(call, between_mb, device)
+            return with_copy_after(call, scratch)
         if device == "cuda":
             calls[who] = [g.replay for g in capture_graphs(make_call, rot.sets, pool=torch.cuda.graph_pool_handle())]
         else:
