@@ -1,6 +1,6 @@
 """Where a select kernel's warps wait (Nsight Compute): stall reasons, issue rate, instructions.
 
-    python benchmarks/select_stalls.py [W1,W5,W6] [--queries N] [--sass DIR]
+    python benchmarks/select_stalls.py [W1,W5,W6] [--queries N] [--sass DIR] [--kernel REGEX]
                                                     (a GPU with `ncu` on PATH)
 
 For each workload it runs the call twice in a child process under ncu (L2 left as the first call
@@ -10,7 +10,9 @@ and the source lines where most stall samples fall. A select is a latency chain 
 its stall mix (instruction fetch, barriers, shared-memory or L2 latency) says what to shorten.
 `--sass DIR` also writes, per workload, ncu's source page as CSV (DIR/<workload>_sass.csv: every
 SASS instruction of the kernel with its CUDA source line, executed instructions and stall samples),
-to count on the host which phase issues how much.
+to count on the host which phase issues how much. `--kernel` profiles other kernels of the call the
+same way (`--kernel ScorePagesKernel`: the scoring loop, whose page time at N = 4 follows neither
+the HBM stream nor the tensor cores' rate, so its stall mix says which chain holds it).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def main(argv=None) -> int:
     parser.add_argument("workloads", nargs="?", default="W1,W5,W6")
     parser.add_argument("--queries", type=int, default=None)
     parser.add_argument("--sass", help="folder for each workload's per-instruction CSV")
+    parser.add_argument("--kernel", default=KERNELS,
+                        help=f"ncu --kernel-name of the kernels to profile (default {KERNELS!r})")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     a = parser.parse_args(argv)
     if a.child:
@@ -59,8 +63,9 @@ def main(argv=None) -> int:
     extra = ["--queries", str(a.queries)] if a.queries else []
     if a.sass:
         Path(a.sass).mkdir(parents=True, exist_ok=True)
-    # The second call's select kernel, L2 and clocks as the first call leaves them.
-    profile = [ncu, "--clock-control", "none", "--cache-control", "none", "--kernel-name", KERNELS,
+    # The second call's kernel, L2 and clocks as the first call leaves them.
+    kernel = a.kernel if a.kernel.startswith("regex:") else f"regex:{a.kernel}"
+    profile = [ncu, "--clock-control", "none", "--cache-control", "none", "--kernel-name", kernel,
                "--launch-skip", "1", "--launch-count", "1", "--import-source", "yes", *SAMPLING]
     sections = [arg for section in SECTIONS for arg in ("--section", section)]
     for name in a.workloads.split(","):
