@@ -167,12 +167,22 @@ struct RowWeights {
 // This thread's head weights of a row's N queries, staged per segment in a per-warpgroup copy
 // in shared memory when they do not fit the registers beside a group's accumulators: a thread
 // then reads its kHeads / 4 weights of a query as kHeads / 16 16-byte loads per page (the copy is
-// laid out by quad lane, [query][lane % 4][kHeads / 4]) instead of holding them for the segment.
+// laid out by quad lane, [query][lane % 4][kLaneFloats]) instead of holding them for the segment.
 // Only the warpgroup's own 128 threads read its copy, so a named barrier of those threads, not a
 // CTA barrier, orders the rewrite at each segment.
+//
+// Each quad lane's run is padded by 16 bytes. A 16-byte load is served 8 lanes at a time, and
+// those 8 lanes read the 4 runs at the same offset: unpadded, 64 heads put the runs 64 bytes
+// apart, so runs 0 and 2 (and 1 and 3) fall on the same banks and every load took two passes
+// (ncu on the scoring kernel at N = 4: these loads were over half of its shared-memory
+// wavefronts, more than the wgmma operands). Padded, the runs start 80 bytes apart: banks 0, 20,
+// 8 and 28, one pass.
 template <int kHeads, int kQueries>
 struct StagedWeights {
-  static constexpr int kFloats = kQueries * kHeads;  // one warpgroup's copy
+  static constexpr int kLaneFloats = kHeads / 4 + 4;          // one quad lane's run, padded
+  static constexpr int kQueryFloats = 4 * kLaneFloats;        // one query's four runs
+  static constexpr int kFloats = kQueries * kHeads;           // the weights of a warpgroup's copy
+  static constexpr int kCopyFloats = kQueries * kQueryFloats;  // its size in shared memory
   static constexpr bool kStaged = true;
   float* copy;
 
@@ -190,12 +200,12 @@ struct StagedWeights {
     for (int k = 0; k < int(sizeof(v) / sizeof(float)); ++k) {
       const int x = wg_thread + k * kWarpgroupThreads;
       const int q = x / kHeads, h = x % kHeads;
-      if (x < kFloats) copy[q * kHeads + ((h % 8) / 2) * (kHeads / 4) + 2 * (h / 8) + h % 2] = v[k];
+      if (x < kFloats) copy[q * kQueryFloats + ((h % 8) / 2) * kLaneFloats + 2 * (h / 8) + h % 2] = v[k];
     }
     NamedBarrierSync(barrier, kWarpgroupThreads);
   }
   __device__ __forceinline__ void Get(int j, int lane, float (&w)[kHeads / 4]) const {
-    const float4* src = reinterpret_cast<const float4*>(copy + j * kHeads + (lane % 4) * (kHeads / 4));
+    const float4* src = reinterpret_cast<const float4*>(copy + j * kQueryFloats + (lane % 4) * kLaneFloats);
 #pragma unroll
     for (int m = 0; m < kHeads / 16; ++m) {
       const float4 f = src[m];

@@ -88,7 +88,7 @@ template <int kHeads, int kQueries>
 struct alignas(1024) ScoreSmem {
   PageStage stages[kStages];
   uint8_t q_tiles[2][kQueries * kQTileBytes<kHeads>];   // segment k uses buffer k % 2
-  alignas(16) float weights[kMathWarpgroups][kQueries * kHeads];  // StagedWeights: a copy per warpgroup
+  alignas(16) float weights[kMathWarpgroups][StagedWeights<kHeads, kQueries>::kCopyFloats];  // a copy per warpgroup
   uint64_t q_full[2];
   uint64_t q_empty[2];
   typename cub::BlockScan<long long, kScoreThreads>::TempStorage scan;
