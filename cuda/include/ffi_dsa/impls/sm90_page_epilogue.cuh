@@ -173,10 +173,10 @@ struct RowWeights {
 //
 // Each quad lane's run is padded by 16 bytes. A 16-byte load is served 8 lanes at a time, and
 // those 8 lanes read the 4 runs at the same offset: unpadded, 64 heads put the runs 64 bytes
-// apart, so runs 0 and 2 (and 1 and 3) fall on the same banks and every load took two passes
-// (ncu on the scoring kernel at N = 4: these loads were over half of its shared-memory
-// wavefronts, more than the wgmma operands). Padded, the runs start 80 bytes apart: banks 0, 20,
-// 8 and 28, one pass.
+// apart, so runs 0 and 2 (and 1 and 3) fall on the same banks and every load takes two passes.
+// At N = 4 these loads move more shared-memory wavefronts a page than the wgmma operands, so the
+// second pass is felt. Padded, the runs start 80 bytes apart: banks 0, 20, 8 and 28, one pass
+// (32 heads: 48 bytes apart, banks 0, 12, 24 and 4).
 template <int kHeads, int kQueries>
 struct StagedWeights {
   static constexpr int kLaneFloats = kHeads / 4 + 4;          // one quad lane's run, padded
