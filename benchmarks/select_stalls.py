@@ -1,4 +1,4 @@
-"""Where a select kernel's warps wait (Nsight Compute): stall reasons, issue rate, instructions.
+"""Where a kernel's warps wait (Nsight Compute; the select kernels unless --kernel): stall reasons, issue rate.
 
     python benchmarks/select_stalls.py [W1,W5,W6] [--queries N] [--sass DIR] [--kernel REGEX]
                                                     (a GPU with `ncu` on PATH)
