@@ -351,16 +351,17 @@ __device__ __forceinline__ void ScoreGroup(uint32_t desc_k, uint32_t desc_q0, co
   using G = PageGroups<kHeads, kQueries>;
   constexpr int kGroupQueries = G::Queries(kGroup);
   constexpr int kCols = kGroupQueries * kHeads;
+  // This thread's two token scales (rows r0 and r0 + 8) and the first query's head weights
+  // (shared-memory loads when staged), asked for before the products: the wgmma operand reads of
+  // every warpgroup share the shared-memory pipe with them, and loads issued behind this group's
+  // products came back after its wait (the epilogue's first FFMAs waited on them).
+  const float scale0 = page_scales[r0], scale1 = page_scales[r0 + 8];
+  float first[kHeads / 4];
+  weights.Get(kGroup * G::kMmaQueries, lane, first);
   float acc[kCols / 2];
 #pragma unroll
   for (int x = 0; x < kCols / 2; ++x) acc[x] = 0.0f;
   IssueProducts<kCols>(acc, desc_k, DescAdvance(desc_q0, kGroup * G::kMmaQueries * kQTileBytes<kHeads>));
-  // While the tensor cores work: this thread's two token scales (rows r0 and r0 + 8) and the
-  // first query's head weights (shared-memory loads when staged: their latency would otherwise
-  // follow the wait).
-  const float scale0 = page_scales[r0], scale1 = page_scales[r0 + 8];
-  float first[kHeads / 4];
-  weights.Get(kGroup * G::kMmaQueries, lane, first);
   WgmmaWait<0>();
   FenceOperand(acc);
   release();
