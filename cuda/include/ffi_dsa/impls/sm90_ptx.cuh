@@ -142,11 +142,6 @@ __device__ __forceinline__ uint64_t EvictFirstPolicy() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   return policy;
 }
-// Drops the 128-byte L2 line at `line` (128-byte aligned) without writing it back: its bytes become
-// undefined. For scratch that a kernel has read for the last time.
-__device__ __forceinline__ void DiscardL2Line(const void* line) {
-  asm volatile("discard.global.L2 [%0], 128;" ::"l"(line));
-}
 // Asks L2 for the 128-byte line holding `address` (no register result, no fault semantics needed:
 // callers pass addresses inside the buffer).
 __device__ __forceinline__ void PrefetchL2(const void* address) {

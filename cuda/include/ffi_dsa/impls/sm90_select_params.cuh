@@ -31,9 +31,6 @@ struct SelectParams {
   // launch/tuning.h: select_floor (a benchmark's instrument: SelectRowsKernel stops after staging
   // and writes nothing).
   bool stop_after_staging;
-  // The workspace starts on a 128-byte line: a staged slice's lines are dropped from L2 once read
-  // (sm90_select_rows.cuh: StageAndCount).
-  bool discard_keys;
   // launch/tuning.h: stamp_select (a benchmark's instrument: each select stamps its phases into this
   // buffer, impls/sm90_select_stamps.cuh), or null.
   unsigned long long* stamps;

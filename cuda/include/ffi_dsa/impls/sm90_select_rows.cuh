@@ -197,26 +197,12 @@ __device__ void WriteWholeRow(const SelectParams& p, int64_t query_row, int64_t 
 
 // Copies this thread's quads of the slice from L2 into `staged` (null: not staged) and counts them
 // into the histogram. Keys past the slice's end (to whole tiles) are staged as kNotCandidate.
-//
-// A staged slice's workspace lines are then dropped from L2 (DiscardL2Line) rather than left dirty:
-// the keys live only from ScorePagesKernel to here, and a dirty line costs an HBM write when the
-// next call's page stream evicts it (at N = 4, 16 bytes a token beside the 132 the stream reads).
-// A 128-byte line is read by 8 lanes of one warp in one load (ForEachQuad), complete once its
-// first lane holds the quad; that lane drops it. A slice starts on a page (256 bytes) of a
-// 128-byte aligned workspace, and its last line ends before the next slice's first page, so each
-// line dropped holds only this slice's keys (or none past them). `discard`: the launch's
-// SelectParams::discard_keys.
 template <int kThreads>
 __device__ __forceinline__ void StageAndCount(topk::Storage<kThreads>& s, uint32_t* global, uint32_t m,
-                                              uint32_t* staged, bool discard, int tid) {
-  static_assert(topk::Shape<kThreads>::kTileKeys % 32 == 0, "tiles of whole lines");
+                                              uint32_t* staged, int tid) {
   const topk::SliceKeys from{nullptr, global, m};
-  const bool line_lane = discard && tid % 8 == 0;
   topk::ForEachQuad<kThreads>(from, 0, topk::Tiles<kThreads>(from), tid, [&](uint32_t, uint32_t pos, const uint4& q) {
-    if (staged != nullptr) {
-      *reinterpret_cast<uint4*>(staged + pos) = q;
-      if (line_lane && pos < m) DiscardL2Line(global + pos);
-    }
+    if (staged != nullptr) *reinterpret_cast<uint4*>(staged + pos) = q;
     topk::CountQuad(s, q);
   });
 }
@@ -315,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, kSelectRowsThreads / kThreads) Selec
     }
   }
 
-  StageAndCount<kThreads>(s, slice_keys, m, staged ? staged_keys : nullptr, p.discard_keys, tid);
+  StageAndCount<kThreads>(s, slice_keys, m, staged ? staged_keys : nullptr, tid);
   __syncthreads();
   if (stamped && tid == 0) StampAt(s.stamps, kStampBinnedCycles);
   // A staged slice's workspace reads are behind us; a slice read from L2 lets the next kernel in

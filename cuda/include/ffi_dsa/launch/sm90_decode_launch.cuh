@@ -141,7 +141,6 @@ void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning
   uint32_t* keys = reinterpret_cast<uint32_t*>(workspace.data());
   if (score) LaunchScorePages<kHeads, kQueries>(a, plan, keys, sorted_by_score, stream, pdl);
   sel.keys = keys;
-  sel.discard_keys = reinterpret_cast<uintptr_t>(keys) % 128 == 0;
   const int64_t slice =
       std::max(SliceLength(planned_tokens, plan.cluster_size), std::min<int64_t>(max_tokens, kSliceKeys));
   // One cluster per query row. Behind ScorePagesKernel the select CTAs are placed while it still
