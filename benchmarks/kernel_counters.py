@@ -143,7 +143,7 @@ def main(argv=None) -> int:
         print("kernel_counters: Nsight Compute (ncu) not found")
         return 1
     bandwidth = copy_bandwidth("cuda", 1 << 31)
-    how = "one cold call" if calls == 1 else f"the last of {calls} calls on two batches, L2 kept"
+    how = "one cold call" if calls == 1 else f"the last of {calls} calls on two batches (L2 kept)"
     print(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s (read + write); {how} per workload under ncu; "
           f"queries per row {a.queries or 1} ({'rank-4' if a.queries else 'rank-3'} q), {heads} heads")
     print(f"{'wl':3s} {'kernel':10s} {'grid':>5s} {'us':>7s} {'read MB':>8s} {'write MB':>8s} {'GB/s':>6s} "
