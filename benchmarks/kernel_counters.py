@@ -67,10 +67,13 @@ def child(name: str, queries: int | None, heads: int, calls: int = 1) -> int:
 
 
 def workspace_keys(lens, queries: int | None) -> int:
-    """Bytes of keys the split path writes a call: query j of N sees len - (N - 1 - j) tokens (causal),
-    each rounded up to a quad (the fused path writes none)."""
-    n = queries or 1
-    return sum(4 * ((max(int(length) - (n - 1 - j), 0) + 3) // 4 * 4) for length in lens for j in range(n))
+    """Bytes of keys the split path writes a call: every query row's visible tokens (causal seq_lens),
+    each rounded up to a quad."""
+    from ffi_dsa.contract import PAGE_TOKENS
+    from ffi_dsa.decode_reference import visible_lengths
+
+    pages = -(-max(int(n) for n in lens) // PAGE_TOKENS)  # a table wide enough to clamp nothing
+    return int(sum(4 * ((int(n) + 3) // 4 * 4) for n in visible_lengths(lens, queries or 1, pages)))
 
 
 def short_name(kernel: str) -> str:
