@@ -2,7 +2,7 @@
 
     python benchmarks/ab_modules.py --against PATH [--against-cache DIR] [W5,W1 ...] [--queries N]
                                     [--rounds R] [--replays M] [--device cuda|cpu] [--rotate-mb MB]
-                                    [--between-mb MB]
+                                    [--between-mb MB] [--graph-calls K]
 
 Two builds timed in two processes, a minute apart, differ by what the machine did in between
 (clocks, temperature, the other process's allocations) by as much as a select change saves
@@ -23,6 +23,12 @@ graph, as the rest of a model's layer would between two of its indexer calls: th
 leaves (its workspace's keys, the small inputs) are then evicted before the next call, as in serving,
 instead of staying resident across the replays. Both modules' times include the copy, so the ratio
 shrinks toward 1; the difference of the two times is the modules'.
+
+`--graph-calls K` captures K consecutive calls (K input sets in turn) in each graph, as the kit's
+bench_graph and bench_gpu.py's in-graph time do, and reports a replay's time over K (K at most
+the input sets; on the CPU: K calls in a row, timed as one). With programmatic dependent launch a
+call's first kernel may then be placed while the previous call's select still runs (its prologue,
+up to its grid wait, overlaps that select), which graphs of one call never show.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import sys
 
 import torch
 
-from bench_gpu import Clock, capture_graphs, rotating_sets, workloads  # noqa: E402  (this script's folder)
+from bench_gpu import Clock, call_groups, capture_graphs, rotating_sets, workloads  # noqa: E402  (this script's folder)
 from diff_module import tree_env  # noqa: E402
 from ffi_dsa import _arrays, _build, _ffi_api, decode
 
@@ -84,21 +90,22 @@ def with_copy_after(call, scratch):
 
 
 def compare(name: str, spec: dict, kernels: dict, device: str, rotate_mb: int, rounds: int, replays: int,
-            queries: int | None, between_mb: int = 0) -> tuple[str, bool]:
+            queries: int | None, between_mb: int = 0, graph_calls: int = 1) -> tuple[str, bool]:
     """One line for workload `name` and whether both modules wrote the same bytes."""
     rot = rotating_sets(spec["lens"], device, rotate_mb * MB, seed=11, max_sets=64, queries=queries,
                         max_pages=spec.get("table_pages"))
     outs = {who: [torch.full_like(o, POISON) for o in rot.outs] for who in kernels}
     scratch = scratch_pair(between_mb, device)
-    calls = {}  # who -> one zero-argument call per input set: a CUDA graph's replay on a GPU
+    calls = {}  # who -> zero-argument calls of per_group input sets each: a CUDA graph's replay on a GPU
     for who, kernel in kernels.items():
         def make_call(i, kernel=kernel, who=who):
             call = bound_call(kernel, rot.set_args(i), outs[who][i], spec.get("max_seq_len"))
             return with_copy_after(call, scratch)
+        make_group, groups, per_group = call_groups(make_call, rot.sets, graph_calls)
         if device == "cuda":
-            calls[who] = [g.replay for g in capture_graphs(make_call, rot.sets, pool=torch.cuda.graph_pool_handle())]
+            calls[who] = [g.replay for g in capture_graphs(make_group, groups, pool=torch.cuda.graph_pool_handle())]
         else:
-            calls[who] = [make_call(i) for i in range(rot.sets)]
+            calls[who] = [make_group(g) for g in range(groups)]
     for who in kernels:
         for call in calls[who]:
             call()
@@ -113,15 +120,17 @@ def compare(name: str, spec: dict, kernels: dict, device: str, rotate_mb: int, r
     for r in range(rounds):
         medians = {}
         for who in (order if r % 2 == 0 else order[::-1]):
-            fns = [calls[who][(turn + i) % rot.sets] for i in range(replays)]
+            fns = [calls[who][(turn + i) % len(calls[who])] for i in range(replays)]
             turn += replays
             t = clock.time_each(fns, head_start_s=max(2e-3, 30e-6 * replays))  # the CPU clock has none
+            t = [x / per_group for x in t]
             times[who] += t
             medians[who] = statistics.median(t)
         ratios.append(medians["other"] / medians["this"])
     this, other = (statistics.median(times[w]) * 1e6 for w in order)
     line = (f"{name:4s} N={queries or 1}  this {this:8.2f} us  other {other:8.2f} us  other/this {other / this:6.3f} "
-            f"(rounds {min(ratios):.3f}-{max(ratios):.3f}, {rounds} x {replays} calls each)  "
+            f"(rounds {min(ratios):.3f}-{max(ratios):.3f}, {rounds} x {replays * per_group} calls each"
+            + (f", {per_group} a graph" if per_group > 1 else "") + ")  "
             + (f"other - this {other - this:+.2f} us with a {between_mb} MiB copy after each call  " if between_mb else "")
             + ("bytes equal" if same else "BYTES DIFFER" if written else "NOT WRITTEN"))
     return line, same
@@ -139,7 +148,11 @@ def main(argv=None) -> int:
     parser.add_argument("--rotate-mb", type=int, default=256, help="the input sets' cache, in MiB (L2-cold: >= 256)")
     parser.add_argument("--between-mb", type=int, default=0,
                         help="MiB copied after each call, in its graph (L2 evicted between calls, as in a model)")
+    parser.add_argument("--graph-calls", type=int, default=1,
+                        help="consecutive calls captured in each graph (the kit: >= 8; PDL overlaps them)")
     a = parser.parse_args(argv)
+    if a.graph_calls < 1:
+        parser.error(f"--graph-calls must be >= 1, not {a.graph_calls}")
     if a.between_mb < 0:
         parser.error(f"--between-mb must be >= 0, not {a.between_mb}")
     specs = workloads()
@@ -163,7 +176,7 @@ def main(argv=None) -> int:
     ok = True
     for name in a.workloads.split(","):
         line, same = compare(name, specs[name], kernels, a.device, a.rotate_mb, a.rounds, a.replays, a.queries,
-                             a.between_mb)
+                             a.between_mb, a.graph_calls)
         print(line, flush=True)
         ok &= same
     return 0 if ok else 1

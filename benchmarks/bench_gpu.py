@@ -262,16 +262,23 @@ def rotating_sets(lens: np.ndarray, device: str, rotate_bytes: int, seed: int, m
     return rot
 
 
-def in_graph_us(clock: Clock, make_call, sets: int, calls_per_graph: int, replays: int, warmup: int):
-    """(median µs per call, calls per graph) with `calls_per_graph` consecutive sets' calls in one
-    CUDA graph (see the module docstring); make_call(i) returns the zero-argument call for set i."""
-    calls = max(1, min(calls_per_graph, sets))
-    groups = math.ceil(sets / calls)
+def call_groups(make_call, sets: int, per_group: int):
+    """(make_group, groups, calls): make_group(g) returns one zero-argument call that makes `calls`
+    consecutive sets' calls, from set g * calls on (wrapping), where calls is per_group within
+    [1, sets]; `groups` of them cover every set. make_call(i) returns the call for set i."""
+    calls = max(1, min(per_group, sets))
 
     def make_group(g):
         fns = [make_call((g * calls + j) % sets) for j in range(calls)]
         return lambda: [fn() for fn in fns]
 
+    return make_group, math.ceil(sets / calls), calls
+
+
+def in_graph_us(clock: Clock, make_call, sets: int, calls_per_graph: int, replays: int, warmup: int):
+    """(median µs per call, calls per graph) with `calls_per_graph` consecutive sets' calls in one
+    CUDA graph (see the module docstring); make_call(i) returns the zero-argument call for set i."""
+    make_group, groups, calls = call_groups(make_call, sets, calls_per_graph)
     graphs = capture_graphs(make_group, groups, pool=torch.cuda.graph_pool_handle())
     times = time_graph_replays(clock, graphs, replays, warmup)
     del graphs

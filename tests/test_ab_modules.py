@@ -56,3 +56,18 @@ def test_a_copy_between_calls_is_timed_with_both_modules(tmp_path):
 def test_a_negative_copy_is_refused():
     done = run("C2", "--device", "cpu", "--against", FFI_DSA_PARENT, "--between-mb", "-1")
     assert done.returncode == 2 and "--between-mb must be >= 0, not -1" in done.stderr
+
+
+def test_calls_grouped_as_in_a_graph_of_several(tmp_path):
+    # Three calls a group over the sets: every set is still written (the bytes compared), the line
+    # names the grouping, and the times are per call.
+    done = run("C2", "--device", "cpu", "--against", FFI_DSA_PARENT, "--rounds", "2", "--replays", "3",
+               "--rotate-mb", "1", "--graph-calls", "3", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [line] = [ln for ln in done.stdout.splitlines() if re.match(r"C2 +N=1 ", ln)]
+    assert "2 x 9 calls each, 3 a graph)" in line and line.endswith("bytes equal"), line
+
+
+def test_a_graph_of_no_calls_is_refused():
+    done = run("C2", "--device", "cpu", "--against", FFI_DSA_PARENT, "--graph-calls", "0")
+    assert done.returncode == 2 and "--graph-calls must be >= 1, not 0" in done.stderr
