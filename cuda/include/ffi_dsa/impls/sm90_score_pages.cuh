@@ -35,6 +35,7 @@
 #include "ffi_dsa/impls/sm90_page_epilogue.cuh"
 #include "ffi_dsa/impls/sm90_ptx.cuh"
 #include "ffi_dsa/impls/sm90_rows.cuh"
+#include "ffi_dsa/impls/sm90_score_stamps.cuh"
 #include "ffi_dsa/rank_key.h"
 
 namespace ffi_dsa::sm90 {
@@ -52,6 +53,9 @@ struct ScoreParams {
   int32_t topk;
   bool sorted;
   QueryShape qs;
+  // launch/tuning.h: stamp_select (a benchmark's instrument: each CTA of the kernel's stamped
+  // instance stamps its chain to the first page into this region, impls/sm90_score_stamps.cuh).
+  unsigned long long* stamps;
 };
 
 constexpr int kScoreThreads = 640;
@@ -163,7 +167,7 @@ __device__ __forceinline__ uint32_t FirstOwned(uint32_t i0, uint32_t lane_of_fou
 
 // The producer warpgroup: its four warps issue every 4th page each into the stage ring, and warp 0
 // loads each segment's Q.
-template <int kHeads, int kQueries>
+template <int kHeads, int kQueries, bool kStamped>
 __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, const CUtensorMap& k_map,
                                              const CUtensorMap& q_map, const ScoreParams& p, SegmentWalk walk,
                                              int tid) {
@@ -200,6 +204,7 @@ __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, con
           } else {
             MbarArrive(&stage.full);  // nothing to load: the consumers see the invalid id themselves
           }
+          if (kStamped && i == 0) StampScoreAt(ScoreStampSlot(p.stamps, blockIdx.x), kScoreIssuedCycles);
         }
         __syncwarp();
       }
@@ -287,8 +292,21 @@ struct SegmentScorer {
   }
 };
 
-// A math warpgroup: pages i = wg (mod 4) of the CTA's range, segment by segment.
+// The stamps' first arrivals, by math warp 0 before its segment loop (the whole warp waits, so that
+// it stays converged for the wgmma after): the first segment's Q (buffer 0, phase 0) and the CTA's page 0 (stage 0,
+// phase 0: a CTA with pages has at least one in its first segment), which the loop then finds
+// complete.
 template <int kHeads, int kQueries>
+__device__ __forceinline__ void StampFirstArrivals(ScoreSmem<kHeads, kQueries>& s, const ScoreParams& p, int lane) {
+  unsigned long long* words = ScoreStampSlot(p.stamps, blockIdx.x);
+  MbarWait(&s.q_full[0], 0);
+  if (lane == 0) StampScoreAt(words, kScoreQReadyCycles);
+  MbarWait(&s.stages[0].full, 0);
+  if (lane == 0) StampScoreAt(words, kScoreFirstPageCycles);
+}
+
+// A math warpgroup: pages i = wg (mod 4) of the CTA's range, segment by segment.
+template <int kHeads, int kQueries, bool kStamped>
 __device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s, const ScoreParams& p,
                                                  SegmentWalk walk, int tid) {
   // The warp's index, and below each segment's page range, read through WarpUniform: ptxas then
@@ -304,6 +322,7 @@ __device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s,
   const int token = r0 + 8 * (lane & 1);
   SegmentScorer<kHeads, kQueries> seg{s, r0, lane};
   seg.page_bound = p.num_pages > INT32_MAX ? 0x80000000u : static_cast<uint32_t>(p.num_pages);
+  if (kStamped && cta_warp == 0) StampFirstArrivals(s, p, lane);
   uint32_t segment = 0, i0 = 0;
   while (WarpUniform(walk.Next<kQueries>(p, s.range_end))) {
     seg.i0 = i0;
@@ -352,15 +371,20 @@ __device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s,
     i0 = i_end;
     ++segment;
   }
+  if (kStamped && warp == 0 && lane == 0) StampScoreEnd(ScoreStampSlot(p.stamps, blockIdx.x));
 }
 
-template <int kHeads, int kQueries>
+// kStamped: the instance of the stamp_select instrument (impls/sm90_score_stamps.cuh), so that the
+// stamps cost the unstamped kernel not even a branch (a runtime test changed ptxas's schedule of
+// the page loop).
+template <int kHeads, int kQueries, bool kStamped = false>
 __global__ void __launch_bounds__(kScoreThreads, 1)
     ScorePagesKernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap q_map,
                      const ScoreParams p) {
   extern __shared__ uint8_t smem_raw[];
   ScoreSmem<kHeads, kQueries>& s = *reinterpret_cast<ScoreSmem<kHeads, kQueries>*>(AlignedSmem<1024>(smem_raw));
   const int tid = threadIdx.x;
+  if (kStamped && tid == 0) StampScoreStart(ScoreStampSlot(p.stamps, blockIdx.x));
   // The block table into L2 while seq_lens (cold) is read and scanned: a CTA learns which rows it
   // scores only after the scan, and its first page id read was then a second cold HBM round trip
   // before the first page's TMA. The CTAs split the table's lines (each line asked for once);
@@ -398,6 +422,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   // resident while the stream's previous kernel still runs; everything above touches only
   // parameters, shared memory and L2 hints, everything below reads inputs that kernel may write.
   WaitForPrecedingGrid();
+  if (kStamped && tid == 0) StampScoreAt(ScoreStampSlot(p.stamps, blockIdx.x), kScoreWaitedCycles);
   // SelectRowsKernel's CTAs may be placed now; they wait for this grid before reading keys. Not
   // before the wait above: the select reads seq_lens and the block table as soon as it starts.
   AllowDependentLaunch();
@@ -454,13 +479,14 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     __syncthreads();
   }
   SegmentWalk walk{s.first_row, s.first_row_start, s.range_begin, 0, 0, 0};
+  if (kStamped && tid == 0) StampScoreAt(ScoreStampSlot(p.stamps, blockIdx.x), kScoreRangedCycles);
   // One branch per role, so that each warpgroup's setmaxnreg is the first thing its branch does.
   if (tid >= kMathThreads) {
     ShrinkRegisters<kProducerRegisters>();
-    ProducePages(s, k_map, q_map, p, walk, tid);
+    ProducePages<kHeads, kQueries, kStamped>(s, k_map, q_map, p, walk, tid);
   } else {
     GrowRegisters<kMathRegisters>();
-    ScoreStagedPages(s, p, walk, tid);
+    ScoreStagedPages<kHeads, kQueries, kStamped>(s, p, walk, tid);
   }
 }
 
