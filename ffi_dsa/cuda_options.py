@@ -124,14 +124,20 @@ def select_stamps(device: int, slots: int, *, clear: bool = True) -> list[Select
     (a few thousand slots: those are always ``None``). Synchronizes the device; ``clear`` zeroes the
     stamps afterwards. Call it once before capturing stamped calls in a CUDA graph: the first call
     allocates the device's stamp buffer, which a capture cannot."""
-    words = list(_ffi_api.cuda().select_stamps(int(device), int(slots), bool(clear)))
-    per_slot = len(SelectStamps._fields)
-    held = len(words) // per_slot  # the module's buffer ends there: no select stamps a later slot
+    return _stamp_slots(_ffi_api.cuda().select_stamps(int(device), int(slots), bool(clear)), SelectStamps, slots)
+
+
+def _stamp_slots(native_words, kind, slots: int) -> list:
+    """`slots` slots of `kind` (a NamedTuple of int words) from the module's words, None for a slot
+    nothing stamped (start_ns 0) and for the slots past what the module's buffer holds."""
+    words = list(native_words)
+    per_slot = len(kind._fields)
+    held = len(words) // per_slot  # the module's buffer ends there: nothing stamps a later slot
     if held > slots or len(words) != held * per_slot:
         raise RuntimeError(f"internal: {len(words)} stamp words for {slots} slots of {per_slot}")
     out = []
     for i in range(held):
-        stamp = SelectStamps(*words[i * per_slot:(i + 1) * per_slot])
+        stamp = kind(*words[i * per_slot:(i + 1) * per_slot])
         out.append(stamp if stamp.start_ns else None)
     return out + [None] * (slots - held)
 
@@ -177,16 +183,7 @@ def score_stamps(device: int, ctas: int, *, clear: bool = True) -> list[ScoreSta
     a CTA that did not start (or past the module's 1024 slots). Synchronizes the device; ``clear``
     zeroes them afterwards. As for :func:`select_stamps`, call it once before capturing stamped
     calls."""
-    words = list(_ffi_api.cuda().score_stamps(int(device), int(ctas), bool(clear)))
-    per_slot = len(ScoreStamps._fields)
-    held = len(words) // per_slot
-    if held > ctas or len(words) != held * per_slot:
-        raise RuntimeError(f"internal: {len(words)} score stamp words for {ctas} CTAs of {per_slot}")
-    out = []
-    for i in range(held):
-        stamp = ScoreStamps(*words[i * per_slot:(i + 1) * per_slot])
-        out.append(stamp if stamp.start_ns else None)
-    return out + [None] * (ctas - held)
+    return _stamp_slots(_ffi_api.cuda().score_stamps(int(device), int(ctas), bool(clear)), ScoreStamps, ctas)
 
 
 @contextlib.contextmanager
