@@ -52,8 +52,8 @@ import tempfile
 import torch
 
 import ffi_dsa  # noqa: E402
-from ffi_dsa.cuda_options import (SCORE_SPANS, SELECT_PHASES, score_stamps, select_stamps, set_cuda_options,  # noqa: E402
-                                  using_cuda_options)
+from ffi_dsa.cuda_options import (SCORE_INNER_SPANS, SCORE_SPANS, SELECT_PHASES, score_stamps,  # noqa: E402
+                                  select_stamps, set_cuda_options, using_cuda_options)
 from ffi_dsa.decode_reference import visible_lengths  # noqa: E402
 from bench_gpu import Clock, _clock_hz, capture_graphs, rotating_sets, workloads  # noqa: E402
 
@@ -182,8 +182,10 @@ def scoring_line(name: str, chain: dict[str, float] | None) -> str:
     if chain is None:
         return f"{name:3s} scoring CTAs: none stamped"
     parts = " | ".join(f"{p} {chain[p]:4.2f}/{chain['last_' + p]:4.2f}" for p in (*SCORE_SPANS, "cta"))
+    inner = " | ".join(f"{p} {chain[p]:4.2f}/{chain['last_' + p]:4.2f}" for p in SCORE_INNER_SPANS)
     return (f"{name:3s} scoring CTAs' chain, us (median CTA / the last to end): {parts}; "
-            f"starts spread {chain['spread']:4.2f}, first start to last end {chain['span']:5.2f}")
+            f"starts spread {chain['spread']:4.2f}, first start to last end {chain['span']:5.2f}; "
+            f"inside: {inner}")
 
 
 def row_waves(stamps, seen: list[int], name: str = "", top: int = 4) -> list[str]:

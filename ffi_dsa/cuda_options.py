@@ -146,6 +146,10 @@ def _stamp_slots(native_words, kind, slots: int) -> list:
 # of the same name in ScoreStamps (from the one before it; "q_ready" and "first_page" both from
 # "issued": the Q and the page are loaded side by side).
 SCORE_SPANS = ("waited", "ranged", "issued", "q_ready", "first_page", "end")
+# Inside two of them: "ranged" = "lens" (thread 0's seq_lens entry arrived) + "scanned" + the rest,
+# "issued" = "q_issued" (the first Q's TMA) + "ids" (the first page id arrived) + the rest; and
+# "l2_hit", one load of a line L2 holds, timed inside the CTA to compare the loads with.
+SCORE_INNER_SPANS = ("lens", "scanned", "q_issued", "ids", "l2_hit")
 
 
 class ScoreStamps(NamedTuple):
@@ -163,16 +167,22 @@ class ScoreStamps(NamedTuple):
     q_ready: int     # the first segment's Q arrived
     first_page: int  # the first page arrived
     end: int         # the last math warpgroup done
+    lens: int = 0      # thread 0's seq_lens entry arrived
+    scanned: int = 0   # the first tile of rows scanned
+    q_issued: int = 0  # the first Q's TMA issued
+    ids: int = 0       # the first page's id arrived
+    l2_hit: int = 0    # not a mark: cycles of one load that hits L2
 
     @property
     def has_pages(self) -> bool:
         return self.ranged != 0
 
     def spans(self) -> dict[str, int]:
-        """Each span's cycles (SCORE_SPANS) and the CTA's whole ("cta")."""
+        """Each span's cycles (SCORE_SPANS and SCORE_INNER_SPANS) and the CTA's whole ("cta")."""
         before = {"waited": self.start, "ranged": self.waited, "issued": self.ranged, "q_ready": self.issued,
-                  "first_page": self.issued, "end": self.first_page}
-        out = {name: getattr(self, name) - before[name] for name in SCORE_SPANS}
+                  "first_page": self.issued, "end": self.first_page, "lens": self.waited, "scanned": self.lens,
+                  "q_issued": self.ranged, "ids": self.q_issued, "l2_hit": 0}
+        out = {name: getattr(self, name) - before[name] for name in (*SCORE_SPANS, *SCORE_INNER_SPANS)}
         out["cta"] = self.end - self.start
         return out
 

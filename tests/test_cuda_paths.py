@@ -183,6 +183,10 @@ def test_score_stamps_time_every_scoring_cta_and_change_no_byte(queries):
             marks = [st.start, st.waited, st.ranged, st.issued, st.first_page, st.end]
             assert all(m > 0 for m in marks) and marks == sorted(marks), st
             assert st.start < st.q_ready <= st.end and st.end_ns >= st.start_ns > 0, st
+            # inside "ranged" (thread 0) and "issued" (producer warp 0), and one L2 hit's cycles
+            assert st.waited <= st.lens <= st.scanned <= st.ranged, st
+            assert st.waited < st.q_issued <= st.ids <= st.issued, st
+            assert 0 < st.l2_hit < 100_000, st
         assert score_stamps(0, slots) == [None] * slots  # cleared by the read
         run_dps(args)
         assert score_stamps(0, slots) == [None] * slots  # off again: nothing stamped

@@ -99,10 +99,11 @@ def test_row_waves_give_the_later_wave_the_cost_per_key_and_the_last_rows():
     assert timeline.row_waves([None, None], [1, 2]) == ["    rows: no select stamped"]
 
 
-def score_stamp(start_ns: int, cycles: list[int], end_ns: int) -> ScoreStamps:
-    """A scoring CTA's stamps: its start and end on the global timer, and its seven cycle marks
-    (start, waited, ranged, issued, q_ready, first_page, end)."""
-    return ScoreStamps(start_ns, end_ns, *cycles)
+def score_stamp(start_ns: int, cycles: list[int], end_ns: int, inner: tuple[int, ...] = ()) -> ScoreStamps:
+    """A scoring CTA's stamps: its start and end on the global timer, its seven cycle marks
+    (start, waited, ranged, issued, q_ready, first_page, end), then those inside two spans and the
+    L2 hit's cycles (lens, scanned, q_issued, ids, l2_hit), 0 unless given."""
+    return ScoreStamps(start_ns, end_ns, *cycles, *inner)
 
 
 def test_the_scoring_chain_gives_the_median_cta_and_the_last_to_end(monkeypatch):
@@ -111,9 +112,10 @@ def test_the_scoring_chain_gives_the_median_cta_and_the_last_to_end(monkeypatch)
     started CTA's start."""
     monkeypatch.setattr(timeline, "_clock_hz", lambda: HZ)
     # cycles at 2 a ns: waited +200 ns, ranged +400, issued +300, Q +1000, page +1200, end +600
-    a = score_stamp(1_000, [0, 400, 1_200, 1_800, 3_800, 4_200, 5_400], 4_000)
-    b = score_stamp(1_500, [0, 600, 1_400, 2_000, 3_000, 4_000, 6_000], 5_500)  # ends last
-    c = score_stamp(1_200, [0, 400, 1_000, 1_600, 3_600, 4_000, 5_000], 3_900)
+    # inside: seq_lens +100 ns after the wait, scanned +150, Q issued +50 after the range, ids +200; L2 hit 300 ns
+    a = score_stamp(1_000, [0, 400, 1_200, 1_800, 3_800, 4_200, 5_400], 4_000, (600, 900, 1_300, 1_700, 600))
+    b = score_stamp(1_500, [0, 600, 1_400, 2_000, 3_000, 4_000, 6_000], 5_500, (700, 1_000, 1_500, 1_800, 800))
+    c = score_stamp(1_200, [0, 400, 1_000, 1_600, 3_600, 4_000, 5_000], 3_900, (600, 900, 1_100, 1_500, 600))
     idle = score_stamp(900, [0, 300, 0, 0, 0, 0, 0], 0)
     chain = timeline.scoring_chain([a, None, b, c, idle])
     assert chain["waited"] == pytest.approx(0.2) and chain["last_waited"] == pytest.approx(0.3)
@@ -125,9 +127,13 @@ def test_the_scoring_chain_gives_the_median_cta_and_the_last_to_end(monkeypatch)
     assert chain["cta"] == pytest.approx(2.7) and chain["last_cta"] == pytest.approx(3.0)
     assert chain["spread"] == pytest.approx(0.6)  # 0.9 to 1.5 µs, the idle CTA included
     assert chain["span"] == pytest.approx(4.6)  # 0.9 to 5.5 µs
+    assert chain["lens"] == pytest.approx(0.1) and chain["scanned"] == pytest.approx(0.15)
+    assert chain["q_issued"] == pytest.approx(0.05) and chain["ids"] == pytest.approx(0.2)
+    assert chain["l2_hit"] == pytest.approx(0.3) and chain["last_l2_hit"] == pytest.approx(0.4)
     line = timeline.scoring_line("W1", chain)
     assert line.startswith("W1  scoring CTAs' chain, us (median CTA / the last to end): waited 0.20/0.30 |")
-    assert line.endswith("starts spread 0.60, first start to last end  4.60")
+    assert "starts spread 0.60, first start to last end  4.60; inside: lens 0.10/0.05 | scanned 0.15/0.15 |" in line
+    assert line.endswith("q_issued 0.05/0.05 | ids 0.20/0.15 | l2_hit 0.30/0.40")
     assert timeline.scoring_chain([None, idle]) is None
     assert timeline.scoring_line("W1", None) == "W1  scoring CTAs: none stamped"
 

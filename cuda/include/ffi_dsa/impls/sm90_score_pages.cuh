@@ -180,7 +180,10 @@ __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, con
   int segment = 0, i0 = 0;
   while (walk.Next<kQueries>(p, s.range_end)) {
     const int np = walk.page_end - walk.page_begin;
-    if (pw == 0 && leader) LoadSegmentQ(s, q_map, walk.seg_row, segment);
+    if (pw == 0 && leader) {
+      LoadSegmentQ(s, q_map, walk.seg_row, segment);
+      if (kStamped && segment == 0) StampScoreAt(ScoreStampSlot(p.stamps, blockIdx.x), kScoreQIssuedCycles);
+    }
     __syncwarp();
     // table[i - i0] is the page id of the CTA's local page i.
     const int32_t* table = p.block_table + walk.seg_row * p.max_pages + walk.page_begin;
@@ -191,6 +194,7 @@ __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, con
       for (int u = 0; u < count; ++u) {
         const int i = base + u * kIssuerWarps;
         const int32_t page = __shfl_sync(0xFFFFFFFFu, my_page, u);
+        if (kStamped && i == 0 && leader) StampScoreOnceLoaded(ScoreStampSlot(p.stamps, blockIdx.x), kScoreIdsCycles, page);
         const int st = i % kStages;
         PageStage& stage = s.stages[st];
         if (i >= kStages) MbarWait(&stage.empty, ((i / kStages) - 1) & 1);
@@ -438,7 +442,9 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     const int64_t r = base + tid;
     const int pages = r < p.batch ? RowScoredPages<kQueries>(p.seq_lens, r, p.qs, p.max_pages, p.topk, p.sorted) : 0;
     long long before, tile_total;
+    if (kStamped && tid == 0 && base == 0) StampScoreOnceLoaded(ScoreStampSlot(p.stamps, blockIdx.x), kScoreLensCycles, pages);
     Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
+    if (kStamped && tid == 0 && base == 0) StampScoreOnceLoaded(ScoreStampSlot(p.stamps, blockIdx.x), kScoreScannedCycles, tile_total);
     if (base == 0) {
       first_tile_pages = pages;
       first_tile_before = before;
@@ -480,6 +486,8 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   }
   SegmentWalk walk{s.first_row, s.first_row_start, s.range_begin, 0, 0, 0};
   if (kStamped && tid == 0) StampScoreAt(ScoreStampSlot(p.stamps, blockIdx.x), kScoreRangedCycles);
+  // A math warp with no part in the first page (warpgroup 1's page comes later, if at all).
+  if (kStamped && tid == kWarpgroupThreads) StampScoreL2Hit(ScoreStampSlot(p.stamps, blockIdx.x), p.seq_lens);
   // One branch per role, so that each warpgroup's setmaxnreg is the first thing its branch does.
   if (tid >= kMathThreads) {
     ShrinkRegisters<kProducerRegisters>();

@@ -23,9 +23,16 @@ enum ScoreStamp : int {
   kScoreQReadyCycles,    // the first segment's Q arrived (math thread 0)
   kScoreFirstPageCycles, // the first page arrived (math thread 0, the CTA's page 0)
   kScoreEndCycles,       // the last math warpgroup done
+  // Inside the spans above (SM cycles), each stamped once its loaded value is in a register:
+  kScoreLensCycles,      // thread 0's seq_lens entry arrived (inside "ranged")
+  kScoreScannedCycles,   // the first tile of rows scanned (inside "ranged")
+  kScoreQIssuedCycles,   // the first segment's Q TMA issued (producer warp 0, inside "issued")
+  kScoreIdsCycles,       // the first page's id arrived from the block table (inside "issued")
+  kScoreL2HitCycles,     // not a mark: cycles of one load of a line L2 holds, timed in the CTA
   kScoreStampWords
 };
 constexpr int kMaxScoreStampSlots = 1024;
+constexpr long long kNeverLoaded = -0x5bd1e995;  // no seq_lens entry, page id or scan total
 
 // CTA `cta`'s slot of the scoring stamps (`buffer`: the region's start), or null.
 __device__ __forceinline__ unsigned long long* ScoreStampSlot(unsigned long long* buffer, uint32_t cta) {
@@ -37,6 +44,20 @@ __device__ __forceinline__ void StampScoreStart(unsigned long long* words) {
 }
 __device__ __forceinline__ void StampScoreAt(unsigned long long* words, ScoreStamp at) {
   if (words != nullptr) words[at] = clock64();
+}
+// The same once `loaded` (a load's result) is in a register: the branch on it waits for the load,
+// so the cycle counter is read after it (only an input holding kNeverLoaded itself skips the stamp).
+__device__ __forceinline__ void StampScoreOnceLoaded(unsigned long long* words, ScoreStamp at, long long loaded) {
+  if (loaded != kNeverLoaded) StampScoreAt(words, at);
+}
+// One L2 round trip timed in place: `line` was read moments before by this CTA, so it is in L2;
+// ld.global.cg skips L1. The chain's own loads are compared with it.
+__device__ __forceinline__ void StampScoreL2Hit(unsigned long long* words, const int32_t* line) {
+  if (words == nullptr) return;
+  const long long t0 = clock64();
+  int32_t value;
+  asm volatile("ld.global.cg.b32 %0, [%1];" : "=r"(value) : "l"(line) : "memory");
+  if (value != static_cast<int32_t>(kNeverLoaded)) words[kScoreL2HitCycles] = clock64() - t0;
 }
 // By the first thread of each math warpgroup: the CTA's end is the last of theirs.
 __device__ __forceinline__ void StampScoreEnd(unsigned long long* words) {
