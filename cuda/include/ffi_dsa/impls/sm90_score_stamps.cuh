@@ -36,15 +36,13 @@ constexpr long long kNeverLoaded = -0x5bd1e995;  // no seq_lens entry, page id o
 
 // CTA `cta`'s slot of the scoring stamps (`buffer`: the region's start), or null.
 __device__ __forceinline__ unsigned long long* ScoreStampSlot(unsigned long long* buffer, uint32_t cta) {
-  return buffer != nullptr && cta < kMaxScoreStampSlots ? buffer + cta * kScoreStampWords : nullptr;
+  return StampSlotIn<kScoreStampWords, kMaxScoreStampSlots>(buffer, cta);
 }
 // By one thread of the CTA (null words: nothing).
 __device__ __forceinline__ void StampScoreStart(unsigned long long* words) {
-  if (words != nullptr) words[kScoreStartNs] = GlobalTimerNs(), words[kScoreStartCycles] = clock64();
+  StampTimesInto(words, kScoreStartNs, kScoreStartCycles);
 }
-__device__ __forceinline__ void StampScoreAt(unsigned long long* words, ScoreStamp at) {
-  if (words != nullptr) words[at] = clock64();
-}
+__device__ __forceinline__ void StampScoreAt(unsigned long long* words, ScoreStamp at) { StampCyclesInto(words, at); }
 // The same once `loaded` (a load's result) is in a register: the branch on it waits for the load,
 // so the cycle counter is read after it (only an input holding kNeverLoaded itself skips the stamp).
 __device__ __forceinline__ void StampScoreOnceLoaded(unsigned long long* words, ScoreStamp at, long long loaded) {
