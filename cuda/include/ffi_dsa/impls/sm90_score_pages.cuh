@@ -75,6 +75,9 @@ constexpr int kIssuerWarps = 4;
 // waits then see each other's phases.)
 static_assert(kStages % kIssuerWarps == 0 && kStages % kMathWarpgroups == 0, "stage ownership");
 constexpr int64_t kPrefetchTableBytes = int64_t(8) << 20;
+// The prologue's scan of the rows' page counts. (cub's warp-scans form, one barrier fewer, made
+// ptxas spill in the unstamped instances.)
+using RowScan = cub::BlockScan<long long, kScoreThreads>;
 
 // One stage of the page ring: everything about its page at one stride, so that each of the page
 // loop's addresses is the stage's base plus a constant (one multiply per page, not a shift and
@@ -95,10 +98,11 @@ struct alignas(1024) ScoreSmem {
   alignas(16) float weights[kMathWarpgroups][StagedWeights<kHeads, kQueries>::kCopyFloats];  // a copy per warpgroup
   uint64_t q_full[2];
   uint64_t q_empty[2];
-  typename cub::BlockScan<long long, kScoreThreads>::TempStorage scan;
+  typename RowScan::TempStorage scan;
   long long first_row_start;
   long long range_begin, range_end;  // the CTA's flat page range (SegmentWalk)
   int32_t first_row;
+  int32_t early;  // the first segment's Q and the CTA's page 0 already issued by the prologue
 };
 
 template <int kHeads, int kQueries>
@@ -165,8 +169,23 @@ using ScoreWeights = std::conditional_t<kQueries * kHeads <= kHeldWeights, RowWe
 __device__ __forceinline__ int FirstOwned(int i0, int lane_of_four) { return i0 + ((lane_of_four - i0 % 4) + 4) % 4; }
 __device__ __forceinline__ uint32_t FirstOwned(uint32_t i0, uint32_t lane_of_four) { return i0 + ((lane_of_four - i0) & 3u); }
 
+// One page into its stage, by one thread: its id first (published by the arrive, a release), then
+// its FP8 rows by TMA and its scales by a bulk copy; an invalid id is never loaded (the consumers
+// see it and give its tokens key 0).
+__device__ __forceinline__ void IssuePage(PageStage& stage, const CUtensorMap& k_map, const ScoreParams& p,
+                                          int32_t page, uint64_t policy) {
+  stage.page = page;
+  if (page >= 0 && page < p.num_pages) {
+    MbarArriveExpectTx(&stage.full, kPageFp8Bytes + kScaleBytes);
+    TmaLoad3d(stage.k_tile, &k_map, 0, 0, page, &stage.full, policy);
+    BulkLoad(stage.scales, p.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes, &stage.full, policy);
+  } else {
+    MbarArrive(&stage.full);
+  }
+}
+
 // The producer warpgroup: its four warps issue every 4th page each into the stage ring, and warp 0
-// loads each segment's Q.
+// loads each segment's Q (but what the prologue issued: ScoreSmem::early).
 template <int kHeads, int kQueries, bool kStamped>
 __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, const CUtensorMap& k_map,
                                              const CUtensorMap& q_map, const ScoreParams& p, SegmentWalk walk,
@@ -180,7 +199,7 @@ __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, con
   int segment = 0, i0 = 0;
   while (walk.Next<kQueries>(p, s.range_end)) {
     const int np = walk.page_end - walk.page_begin;
-    if (pw == 0 && leader) {
+    if (pw == 0 && leader && !(segment == 0 && s.early)) {
       LoadSegmentQ(s, q_map, walk.seg_row, segment);
       if (kStamped && segment == 0) StampScoreAt(ScoreStampSlot(p.stamps, blockIdx.x), kScoreQIssuedCycles);
     }
@@ -194,20 +213,14 @@ __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, con
       for (int u = 0; u < count; ++u) {
         const int i = base + u * kIssuerWarps;
         const int32_t page = __shfl_sync(0xFFFFFFFFu, my_page, u);
-        if (kStamped && i == 0 && leader) StampScoreOnceLoaded(ScoreStampSlot(p.stamps, blockIdx.x), kScoreIdsCycles, page);
+        if (kStamped && i == 0 && leader && !s.early) {
+          StampScoreOnceLoaded(ScoreStampSlot(p.stamps, blockIdx.x), kScoreIdsCycles, page);
+        }
         const int st = i % kStages;
         PageStage& stage = s.stages[st];
         if (i >= kStages) MbarWait(&stage.empty, ((i / kStages) - 1) & 1);
-        if (leader) {
-          stage.page = page;  // published by the arrive below (release)
-          if (page >= 0 && page < p.num_pages) {
-            MbarArriveExpectTx(&stage.full, kPageFp8Bytes + kScaleBytes);
-            TmaLoad3d(stage.k_tile, &k_map, 0, 0, page, &stage.full, streamed);
-            BulkLoad(stage.scales, p.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes, &stage.full,
-                     streamed);
-          } else {
-            MbarArrive(&stage.full);  // nothing to load: the consumers see the invalid id themselves
-          }
+        if (leader && !(i == 0 && s.early)) {
+          IssuePage(stage, k_map, p, page, streamed);
           if (kStamped && i == 0) StampScoreAt(ScoreStampSlot(p.stamps, blockIdx.x), kScoreIssuedCycles);
         }
         __syncwarp();
@@ -378,6 +391,24 @@ __device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s,
   if (kStamped && warp == 0 && lane == 0) StampScoreEnd(ScoreStampSlot(p.stamps, blockIdx.x));
 }
 
+// The CTA's first loads, by the thread whose row holds its first page, as soon as the scan tells it
+// so: the row's Q into buffer 0 and page 0 into stage 0 (ScoreSmem::early), ahead of the barrier
+// after which the producer warps would otherwise start (the chain to the first page is most of a
+// one-page CTA's time). The mbarriers were initialized before the scan's barrier.
+template <int kHeads, int kQueries, bool kStamped>
+__device__ __forceinline__ void IssueFirstLoads(ScoreSmem<kHeads, kQueries>& s, const CUtensorMap& k_map,
+                                                const CUtensorMap& q_map, const ScoreParams& p, int64_t row,
+                                                long long page_in_row) {
+  unsigned long long* words = kStamped ? ScoreStampSlot(p.stamps, blockIdx.x) : nullptr;
+  LoadSegmentQ(s, q_map, row, 0);
+  if (kStamped) StampScoreAt(words, kScoreQIssuedCycles);
+  const int32_t page = p.block_table[row * p.max_pages + page_in_row];
+  if (kStamped) StampScoreOnceLoaded(words, kScoreIdsCycles, page);
+  IssuePage(s.stages[0], k_map, p, page, EvictFirstPolicy());
+  if (kStamped) StampScoreAt(words, kScoreIssuedCycles);
+  s.early = 1;
+}
+
 // kStamped: the instance of the stamp_select instrument (impls/sm90_score_stamps.cuh), so that the
 // stamps cost the unstamped kernel not even a branch (a runtime test changed ptxas's schedule of
 // the page loop).
@@ -420,6 +451,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
       MbarInit(&s.q_full[b], 1);
       MbarInit(&s.q_empty[b], kMathThreads);
     }
+    s.early = 0;
     FenceBarrierInit();
   }
   // Launched with programmatic stream serialization (unless launch/tuning.h turns it off), this grid may be
@@ -432,7 +464,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
   AllowDependentLaunch();
 
   // ---- this CTA's flat page range ----------------------------------------------------------
-  using Scan = cub::BlockScan<long long, kScoreThreads>;
+  using Scan = RowScan;
   long long total = 0;
   // The first tile of rows (all of them in batches of <= 640 rows, the common case): its scan is
   // kept, so finding the CTA's first row below reads seq_lens and scans again only past it.
@@ -451,7 +483,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
       first_tile_total = tile_total;
     }
     total += tile_total;
-    __syncthreads();
+    if (p.batch > kScoreThreads) __syncthreads();  // the scan's storage is used again (else: not before loop 2's barrier)
   }
   // 32-bit division when it fits (a 64-bit one is a ~70-instruction call on the critical path).
   const bool narrow = total * gridDim.x <= static_cast<long long>(UINT32_MAX);
@@ -480,6 +512,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     if (pages > 0 && before <= range_begin && range_begin < before + pages) {
       s.first_row = static_cast<int32_t>(r);
       s.first_row_start = before;
+      if (base == 0) IssueFirstLoads<kHeads, kQueries, kStamped>(s, k_map, q_map, p, r, range_begin - before);
     }
     carry += tile_total;
     __syncthreads();
