@@ -91,6 +91,7 @@ void LaunchScorePages(const IndexerArgs& a, const Schedule& plan, uint32_t* keys
   sp.sorted = sorted_by_score;
   sp.qs = QueryShape{a.queries, a.per_query_lens};
   sp.stamps = stamps;
+  sp.share_mul = ScoreShareMultiplier(plan.score_ctas);
   Launch launch(static_cast<unsigned>(plan.score_ctas), kScoreThreads, ScoreSmemBytes<kHeads, kQueries>(), stream, 0,
                 programmatic);
   if (stamps != nullptr) {
