@@ -23,7 +23,8 @@
 //                   caps the CTA's page rate below its TMA unit's), into a ring of kStages stages
 //                   (full/empty mbarriers); warp 0 also loads each segment's Q (N x H heads) by
 //                   TMA into one of two buffers. Invalid page ids are never loaded: their tokens
-//                   get key 0.
+//                   get key 0. The CTA's page 0 and its first segment's Q are issued earlier, by
+//                   the thread that finds the CTA's first row (IssueFirstLoads).
 #pragma once
 #include <cuda.h>
 
@@ -448,7 +449,8 @@ __device__ __forceinline__ void InitBarriers(ScoreSmem<kHeads, kQueries>& s, int
 // total x c / G plus less than one: exact at c = 0 and c = G, non-decreasing in c, and within a
 // page of the even split. Larger totals divide in 64 bits.
 __device__ __forceinline__ long long ShareStart(long long total, uint32_t c, const ScoreParams& p) {
-  if (total * gridDim.x <= static_cast<long long>(UINT32_MAX)) {
+  // (A launch without the multiplier divides: slower, never a wrong split.)
+  if (total * gridDim.x <= static_cast<long long>(UINT32_MAX) && p.share_mul != 0) {
     return static_cast<long long>((static_cast<uint64_t>(static_cast<uint32_t>(total) * c) * p.share_mul) >> 32);
   }
   return total * c / gridDim.x;
@@ -534,6 +536,8 @@ __device__ __forceinline__ void RangeOfManyRows(ScoreSmem<kHeads, kQueries>& s, 
     if (pages > 0 && before <= begin && begin < before + pages) {
       s.first_row = static_cast<int32_t>(r);
       s.first_row_start = before;
+      // Warp 0's inits of the barriers it arrives on are ordered before this thread by the
+      // __syncthreads inside the scan above (cub's raking scan has one at 640 threads).
       if (base == 0) IssueFirstLoads<kHeads, kQueries, kStamped>(s, k_map, q_map, p, r, begin - before);
     }
     carry += tile_total;
