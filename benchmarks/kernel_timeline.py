@@ -25,7 +25,12 @@ call's critical one), from the same stamps in SM cycles, medians over the replay
 path "from its start" counts from the moment the scoring kernel's keys are readable to the CTA
 (so the kernel boundary is the tail "after score" less this), "binned" includes the staging. The
 line ends with the keys in that select's threshold bin (what its resolve ranks) and the most in any
-select of the call (medians over the replays).
+select of the call (medians over the replays). On the split path a third line splits the scoring
+kernel's CTAs (the stamped instance, from the same switch) into the chain from a CTA's first
+instruction to its first page: past the grid wait, its page range known (the seq_lens scan), the
+first page's TMA issued (after its block-table entry), the first segment's Q and the first page
+arrived (both counted from the issue), then to its end; each span for the median CTA and for the
+CTA that ended last, then how far apart the CTAs started and the first start to the last end.
 `--rows` adds, on the split path, one stamped call's query rows against their lengths (row_waves):
 when the last id came after the first select's start, how many selects started later than the
 first wave (> 1 µs after it), a least-squares select time per 1K keys, and the rows that ended last
@@ -47,7 +52,8 @@ import tempfile
 import torch
 
 import ffi_dsa  # noqa: E402
-from ffi_dsa.cuda_options import SELECT_PHASES, select_stamps, set_cuda_options, using_cuda_options  # noqa: E402
+from ffi_dsa.cuda_options import (SCORE_INNER_SPANS, SCORE_SPANS, SELECT_PHASES, score_stamps,  # noqa: E402
+                                  select_stamps, set_cuda_options, using_cuda_options)
 from ffi_dsa.decode_reference import visible_lengths  # noqa: E402
 from bench_gpu import Clock, _clock_hz, capture_graphs, rotating_sets, workloads  # noqa: E402
 
@@ -135,6 +141,53 @@ def stamped_selects(graphs, slots: int, replays: int) -> tuple[float, float, dic
     return median(call_tails), median(own), {name: median(v) for name, v in phases.items()}
 
 
+# ScorePagesKernel's CTA slots read after each stamped call (the module's; CTAs past the grid read as None).
+SCORE_SLOTS = 1024
+
+
+def scoring_chain(stamps) -> dict[str, float] | None:
+    """One stamped call's ScorePagesKernel CTAs (`stamps`, None for a slot no CTA wrote): the spans
+    (SCORE_SPANS and "cta", µs at the SM clock) of the median CTA with pages (the median of each span
+    over those CTAs) and of the CTA that ended last ("last_" + span), "spread": the CTAs' starts from
+    the first to the last, and "span": the first start to the last end (global timer, µs). None
+    when no CTA had pages."""
+    hz = _clock_hz()
+    paged = [st for st in stamps if st is not None and st.has_pages and st.end_ns]
+    if not paged:
+        return None
+    per = [st.spans() for st in paged]
+    out = {name: median([p[name] for p in per]) / hz * 1e6 for name in per[0]}
+    last = max(paged, key=lambda st: st.end_ns).spans()
+    out.update({"last_" + name: value / hz * 1e6 for name, value in last.items()})
+    started = [st.start_ns for st in stamps if st is not None]
+    out["spread"] = (max(started) - min(started)) / 1e3
+    out["span"] = (max(st.end_ns for st in paged) - min(started)) / 1e3
+    return out
+
+
+def stamped_scoring(graphs, replays: int) -> dict[str, float] | None:
+    """scoring_chain of `replays` stamped calls, each value the median over the calls."""
+    device = torch.cuda.current_device()
+    score_stamps(device, SCORE_SLOTS)  # forget earlier calls
+    chains = []
+    for i in range(replays):
+        graphs[i % len(graphs)].replay()
+        chain = scoring_chain(score_stamps(device, SCORE_SLOTS))
+        if chain is not None:
+            chains.append(chain)
+    return {name: median([c[name] for c in chains]) for name in chains[0]} if chains else None
+
+
+def scoring_line(name: str, chain: dict[str, float] | None) -> str:
+    if chain is None:
+        return f"{name:3s} scoring CTAs: none stamped"
+    parts = " | ".join(f"{p} {chain[p]:4.2f}/{chain['last_' + p]:4.2f}" for p in (*SCORE_SPANS, "cta"))
+    inner = " | ".join(f"{p} {chain[p]:4.2f}/{chain['last_' + p]:4.2f}" for p in SCORE_INNER_SPANS)
+    return (f"{name:3s} scoring CTAs' chain, us (median CTA / the last to end): {parts}; "
+            f"starts spread {chain['spread']:4.2f}, first start to last end {chain['span']:5.2f}; "
+            f"inside: {inner}")
+
+
 def row_waves(stamps, seen: list[int], name: str = "", top: int = 4) -> list[str]:
     """One split-path call's selects against their query rows' lengths: `stamps` by slot (slot r:
     query row r's select, by its cluster's first CTA), `seen` the query rows' lengths. Lines: the
@@ -214,7 +267,8 @@ def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, q
             next_call.append(b["ts"] - end_a)
     text = (f"{name:3s} events {event_us:6.2f} us | score {median(score):6.2f} (n={len(score)}) | select "
             f"{median(select):6.2f}, ends {median(select_after):6.2f} after score | select -> next call "
-            f"{median(next_call):5.2f}{label}\n" + phase_line(name, phases) + label)
+            f"{median(next_call):5.2f}{label}\n" + phase_line(name, phases) + label + "\n"
+            + scoring_line(name, stamped_scoring(stamped, replays)) + label)
     if rows:  # one more stamped call, alone in the stamp buffer (every set has the workload's rows)
         device = torch.cuda.current_device()
         select_stamps(device, slots)

@@ -63,6 +63,8 @@ class CudaFunctions(NamedTuple):
     cuda_options: Callable[[], Mapping[str, int]]
     # (device, slots, clear) -> the select stamps' words (impls/sm90_select_stamps.cuh)
     select_stamps: Callable[[int, int, bool], Sequence[int]]
+    # (device, ctas, clear) -> the scoring kernel's stamps' words (impls/sm90_score_stamps.cuh)
+    score_stamps: Callable[[int, int, bool], Sequence[int]]
 
 
 SCHEMAS = {
@@ -89,6 +91,7 @@ SCHEMAS = {
         "set_cuda_options": "Callable[[int, int, int, int, int, int], Map[str, int]]",
         "cuda_options": "Callable[[], Map[str, int]]",
         "select_stamps": "Callable[[int, int, bool], Array[int]]",
+        "score_stamps": "Callable[[int, int, bool], Array[int]]",
     },
 }
 

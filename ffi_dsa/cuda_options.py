@@ -19,7 +19,9 @@ them is a tuning knob for users:
   once the scoring kernel's keys are readable) stamps the GPU's global timer when it may start and
   when its last id is written, and the SM's cycle counter at the end of each phase;
   :func:`select_stamps` reads them (``benchmarks/kernel_timeline.py``: the fused path's select
-  tail, and both paths' phases).
+  tail, and both paths' phases). On the split path each ``ScorePagesKernel`` CTA (a stamped
+  instance of the kernel) also stamps its start and end and the milestones of its chain to the
+  first page; :func:`score_stamps` reads them.
 * ``select_threads``: ``SelectRowsKernel``'s CTA size where a query row gets one CTA: ``0`` the
   schedule's choice (512 threads, two CTAs an SM, when a launch has more such rows than SMs, unless
   they are at most twice the SMs and 288 and the planned row is longer than such a CTA stages, up
@@ -122,16 +124,76 @@ def select_stamps(device: int, slots: int, *, clear: bool = True) -> list[Select
     (a few thousand slots: those are always ``None``). Synchronizes the device; ``clear`` zeroes the
     stamps afterwards. Call it once before capturing stamped calls in a CUDA graph: the first call
     allocates the device's stamp buffer, which a capture cannot."""
-    words = list(_ffi_api.cuda().select_stamps(int(device), int(slots), bool(clear)))
-    per_slot = len(SelectStamps._fields)
-    held = len(words) // per_slot  # the module's buffer ends there: no select stamps a later slot
+    return _stamp_slots(_ffi_api.cuda().select_stamps(int(device), int(slots), bool(clear)), SelectStamps, slots)
+
+
+def _stamp_slots(native_words, kind, slots: int) -> list:
+    """`slots` slots of `kind` (a NamedTuple of int words) from the module's words, None for a slot
+    nothing stamped (start_ns 0) and for the slots past what the module's buffer holds."""
+    words = list(native_words)
+    per_slot = len(kind._fields)
+    held = len(words) // per_slot  # the module's buffer ends there: nothing stamps a later slot
     if held > slots or len(words) != held * per_slot:
         raise RuntimeError(f"internal: {len(words)} stamp words for {slots} slots of {per_slot}")
     out = []
     for i in range(held):
-        stamp = SelectStamps(*words[i * per_slot:(i + 1) * per_slot])
+        stamp = kind(*words[i * per_slot:(i + 1) * per_slot])
         out.append(stamp if stamp.start_ns else None)
     return out + [None] * (slots - held)
+
+
+# The milestones of a scoring CTA's chain to its first page, in order, each a span ending at the stamp
+# of the same name in ScoreStamps (from the one before it; "q_ready" and "first_page" both from
+# "issued": the Q and the page are loaded side by side).
+SCORE_SPANS = ("waited", "ranged", "issued", "q_ready", "first_page", "end")
+# Inside two of them: "ranged" = "lens" (thread 0's seq_lens entry arrived) + "scanned" + the rest,
+# "issued" = "q_issued" (the first Q's TMA) + "ids" (the first page id arrived) + the rest; and
+# "l2_hit", one load of a line L2 holds, timed inside the CTA to compare the loads with.
+SCORE_INNER_SPANS = ("lens", "scanned", "q_issued", "ids", "l2_hit")
+
+
+class ScoreStamps(NamedTuple):
+    """One ``ScorePagesKernel`` CTA's stamps (cuda/include/ffi_dsa/impls/sm90_score_stamps.cuh): the
+    global timer (ns) at its first instruction and when its last math warpgroup is done, and the
+    SM's cycle counter at its start and at each milestone. ``ranged`` and everything after it are 0
+    for a CTA with no pages (more CTAs than pages)."""
+
+    start_ns: int
+    end_ns: int
+    start: int       # cycles: the CTA's first instruction
+    waited: int      # past the grid wait (the stream's previous kernel done)
+    ranged: int      # its page range and first row known
+    issued: int      # the first page's TMA issued
+    q_ready: int     # the first segment's Q arrived
+    first_page: int  # the first page arrived
+    end: int         # the last math warpgroup done
+    lens: int = 0      # thread 0's seq_lens entry arrived
+    scanned: int = 0   # the first tile of rows scanned
+    q_issued: int = 0  # the first Q's TMA issued
+    ids: int = 0       # the first page's id arrived
+    l2_hit: int = 0    # not a mark: cycles of one load that hits L2
+
+    @property
+    def has_pages(self) -> bool:
+        return self.ranged != 0
+
+    def spans(self) -> dict[str, int]:
+        """Each span's cycles (SCORE_SPANS and SCORE_INNER_SPANS) and the CTA's whole ("cta")."""
+        before = {"waited": self.start, "ranged": self.waited, "issued": self.ranged, "q_ready": self.issued,
+                  "first_page": self.issued, "end": self.first_page, "lens": self.waited, "scanned": self.lens,
+                  "q_issued": self.ranged, "ids": self.q_issued, "l2_hit": 0}
+        out = {name: getattr(self, name) - before[name] for name in (*SCORE_SPANS, *SCORE_INNER_SPANS)}
+        out["cta"] = self.end - self.start
+        return out
+
+
+def score_stamps(device: int, ctas: int, *, clear: bool = True) -> list[ScoreStamps | None]:
+    """The ``stamp_select`` stamps of ``ScorePagesKernel``'s CTAs ``0 .. ctas - 1`` written on CUDA
+    device ``device`` so far (the last stamped call's: each CTA writes its own slot), or ``None`` for
+    a CTA that did not start (or past the module's 1024 slots). Synchronizes the device; ``clear``
+    zeroes them afterwards. As for :func:`select_stamps`, call it once before capturing stamped
+    calls."""
+    return _stamp_slots(_ffi_api.cuda().score_stamps(int(device), int(ctas), bool(clear)), ScoreStamps, ctas)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from ffi_dsa.cuda_options import cuda_options, select_stamps, set_cuda_options, using_cuda_options
+from ffi_dsa.cuda_options import cuda_options, score_stamps, select_stamps, set_cuda_options, using_cuda_options
 from ffi_dsa.decode_reference import visible_lengths
 from ffi_dsa.workloads import make_batch
 
@@ -155,6 +155,47 @@ def test_select_stamps_time_every_select_and_change_no_byte(queries, fused):
                 _assert_ordered(stamp, fused)
         run_dps(args)
         assert select_stamps(0, rows * queries) == [None] * rows * queries  # off again: nothing stamped
+
+
+@pytest.mark.parametrize("queries", [1, 4])
+def test_score_stamps_time_every_scoring_cta_and_change_no_byte(queries):
+    """stamp_select on the split path: every ScorePagesKernel CTA (one an SM here) stamps its start,
+    and those with pages (all of them: more pages than SMs) every milestone, in order, from the
+    kernel's stamped instance; the outputs stay the same bytes; the fused path and unstamped calls
+    stamp no scoring CTA."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    lens = np.random.default_rng(307).integers(3000, 9000, size=24)
+    lens[:2] = [100, 2049]
+    batch = mtp_batch(Form(queries, 64, per_query_lens=True), lens, seed=307)
+    args = batch.to_torch("cuda")
+    slots = 1024
+    with using_cuda_options(fused=False):
+        want = run_dps(args)
+        score_stamps(0, slots)  # allocates the buffer, forgets earlier calls
+        with using_cuda_options(stamp_select=True):
+            got = run_dps(args)
+        stamps = score_stamps(0, slots)
+        np.testing.assert_array_equal(got, want)
+        started = [st for st in stamps if st is not None]
+        assert len(started) == sms and all(st is not None for st in stamps[:sms])
+        for st in started:
+            assert st.has_pages, st
+            marks = [st.start, st.waited, st.ranged, st.first_page, st.end]
+            assert all(m > 0 for m in marks) and marks == sorted(marks), st
+            assert st.start < st.q_ready <= st.end and st.end_ns >= st.start_ns > 0, st
+            # thread 0's seq_lens and scan, then the first loads' thread (Q, page id, page issued:
+            # the producer's after the range, or the first row's thread's inside it)
+            assert st.waited <= st.lens <= st.scanned <= st.ranged, st
+            assert st.waited < st.q_issued <= st.ids <= st.issued <= st.first_page, st
+            assert 0 < st.l2_hit < 100_000, st
+        assert score_stamps(0, slots) == [None] * slots  # cleared by the read
+        run_dps(args)
+        assert score_stamps(0, slots) == [None] * slots  # off again: nothing stamped
+    with using_cuda_options(stamp_select=True):  # the fused path has no scoring kernel
+        fused_batch = make_batch([5000] * fused_batch_size(), seed=308).to_torch("cuda")
+        assert "FusedRowsKernel" in kernels_run(fused_batch)
+        run_dps(fused_batch)
+    assert score_stamps(0, slots) == [None] * slots
 
 
 @pytest.mark.parametrize("sorted_", [False, True], ids=["position_order", "sorted"])

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from ffi_dsa.cuda_options import SelectStamps
+from ffi_dsa.cuda_options import ScoreStamps, SelectStamps
 
 from conftest import load_script
 
@@ -97,3 +97,52 @@ def test_row_waves_give_the_later_wave_the_cost_per_key_and_the_last_rows():
     assert ended.startswith("W4  ended last: r2 4000 keys at 4.20 for 3.00, r0 2000 keys at 5.00 for 2.00")
     assert longest.startswith("W4  longest: r1 8000 keys at 0.00 for 5.00, r3 6000 keys at 0.20 for 4.00")
     assert timeline.row_waves([None, None], [1, 2]) == ["    rows: no select stamped"]
+
+
+def score_stamp(start_ns: int, cycles: list[int], end_ns: int, inner: tuple[int, ...] = ()) -> ScoreStamps:
+    """A scoring CTA's stamps: its start and end on the global timer, its seven cycle marks
+    (start, waited, ranged, issued, q_ready, first_page, end), then those inside two spans and the
+    L2 hit's cycles (lens, scanned, q_issued, ids, l2_hit), 0 unless given."""
+    return ScoreStamps(start_ns, end_ns, *cycles, *inner)
+
+
+def test_the_scoring_chain_gives_the_median_cta_and_the_last_to_end(monkeypatch):
+    """Three CTAs with pages and one without (no range): each span is the median over the CTAs with
+    pages; the last to end is the one with the latest global end; the spread and the span count every
+    started CTA's start."""
+    monkeypatch.setattr(timeline, "_clock_hz", lambda: HZ)
+    # cycles at 2 a ns: waited +200 ns, ranged +400, issued +300, Q +1000, page +1200, end +600
+    # inside: seq_lens +100 ns after the wait, scanned +150, Q issued +50 after the range, ids +200; L2 hit 300 ns
+    a = score_stamp(1_000, [0, 400, 1_200, 1_800, 3_800, 4_200, 5_400], 4_000, (600, 900, 1_300, 1_700, 600))
+    b = score_stamp(1_500, [0, 600, 1_400, 2_000, 3_000, 4_000, 6_000], 5_500, (700, 1_000, 1_500, 1_800, 800))
+    c = score_stamp(1_200, [0, 400, 1_000, 1_600, 3_600, 4_000, 5_000], 3_900, (600, 900, 1_100, 1_500, 600))
+    idle = score_stamp(900, [0, 300, 0, 0, 0, 0, 0], 0)
+    chain = timeline.scoring_chain([a, None, b, c, idle])
+    assert chain["waited"] == pytest.approx(0.2) and chain["last_waited"] == pytest.approx(0.3)
+    assert chain["ranged"] == pytest.approx(0.4) and chain["last_ranged"] == pytest.approx(0.4)
+    assert chain["issued"] == pytest.approx(0.3) and chain["last_issued"] == pytest.approx(0.3)
+    assert chain["q_ready"] == pytest.approx(1.0) and chain["last_q_ready"] == pytest.approx(0.5)
+    assert chain["first_page"] == pytest.approx(1.2) and chain["last_first_page"] == pytest.approx(1.0)
+    assert chain["end"] == pytest.approx(0.6) and chain["last_end"] == pytest.approx(1.0)
+    assert chain["cta"] == pytest.approx(2.7) and chain["last_cta"] == pytest.approx(3.0)
+    assert chain["spread"] == pytest.approx(0.6)  # 0.9 to 1.5 µs, the idle CTA included
+    assert chain["span"] == pytest.approx(4.6)  # 0.9 to 5.5 µs
+    assert chain["lens"] == pytest.approx(0.1) and chain["scanned"] == pytest.approx(0.15)
+    assert chain["q_issued"] == pytest.approx(0.05) and chain["ids"] == pytest.approx(0.2)
+    assert chain["l2_hit"] == pytest.approx(0.3) and chain["last_l2_hit"] == pytest.approx(0.4)
+    line = timeline.scoring_line("W1", chain)
+    assert line.startswith("W1  scoring CTAs' chain, us (median CTA / the last to end): waited 0.20/0.30 |")
+    assert "starts spread 0.60, first start to last end  4.60; inside: lens 0.10/0.05 | scanned 0.15/0.15 |" in line
+    assert line.endswith("q_issued 0.05/0.05 | ids 0.20/0.15 | l2_hit 0.30/0.40")
+    assert timeline.scoring_chain([None, idle]) is None
+    assert timeline.scoring_line("W1", None) == "W1  scoring CTAs: none stamped"
+
+
+def test_stamped_scoring_takes_the_median_call(monkeypatch):
+    monkeypatch.setattr(timeline, "_clock_hz", lambda: HZ)
+    monkeypatch.setattr(timeline.torch.cuda, "current_device", lambda: 0)
+    stamped = [[score_stamp(0, [0, 200, 400, 600, 800, 1_000, 1_200 + 200 * k], 10_000)] for k in (0, 2, 1)]
+    calls = iter([[], *stamped, []])
+    monkeypatch.setattr(timeline, "score_stamps", lambda device, ctas: next(calls))
+    chain = timeline.stamped_scoring([Graph()], replays=4)  # the first read only clears; one call stamps nothing
+    assert chain["end"] == pytest.approx(0.2)  # ends 0.1, 0.3, 0.2 µs after the first page: the median

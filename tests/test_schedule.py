@@ -21,6 +21,10 @@ PROGRAM = r"""
 #include <cstdlib>
 using namespace ffi_dsa::sm90;
 int main(int argc, char** argv) {
+  if (argc == 2) {  // the scoring split's multipliers of 1 .. argv[1] CTAs
+    for (int c = 1; c <= std::atoi(argv[1]); ++c) std::printf("%llu\n", (unsigned long long)ScoreShareMultiplier(c));
+    return 0;
+  }
   // batch queries max_pages planned_tokens paired_staged_keys staged_keys select_threads
   if (argc != 8) return 2;
   int64_t v[7];
@@ -65,7 +69,10 @@ def plan(tmp_path_factory):
     include = _build.native_dir() / "include"
     subprocess.run([compiler, "-O1", "-std=c++17", f"-I{include}", str(source), "-o", str(binary)], check=True)
 
-    def run(batch, queries, planned, paired_keys, knob):
+    def run(batch, queries=None, planned=None, paired_keys=None, knob=None):
+        if queries is None:  # the share multipliers of 1 .. batch CTAs
+            done = subprocess.run([str(binary), str(batch)], capture_output=True, text=True, timeout=30, check=True)
+            return [int(x) for x in done.stdout.split()]
         max_pages = (planned + 63) // 64
         args = [batch, queries, max_pages, planned, paired_keys, STAGED, knob]
         done = subprocess.run([str(binary), *map(str, args)], capture_output=True, text=True, timeout=30, check=True)
@@ -77,3 +84,27 @@ def plan(tmp_path_factory):
 def test_plan_schedule(plan, case):
     given, want = CASES[case]
     assert plan(*given) == want, case
+
+
+def share_start(total: int, c: int, multiplier: int) -> int:
+    """ScorePagesKernel's first flat page of CTA c (sm90_score_pages.cuh: ShareStart) where
+    total x CTAs < 2^32: the product of 32-bit total x c and the 64-bit multiplier, shifted."""
+    return ((total * c) * multiplier) >> 32
+
+
+def test_the_scoring_split_tiles_every_page_evenly(plan):
+    """For every grid of 1 .. 1024 CTAs and totals up to 2^32 / CTAs (random, and the extremes): the
+    multiplied split starts at 0, ends at the total, never decreases, and each CTA's start is
+    within a page of total x c / CTAs, so every page goes to one CTA and shares differ by <= 2."""
+    import random
+    rng = random.Random(4519)
+    multipliers = plan(1024)
+    assert len(multipliers) == 1024 and multipliers[0] == 1 << 32
+    for ctas, m in enumerate(multipliers, start=1):
+        assert m == -(-(1 << 32) // ctas)
+        largest = ((1 << 32) - 1) // ctas
+        for total in {0, 1, ctas - 1, ctas, ctas + 1, largest, *(rng.randrange(largest + 1) for _ in range(6))}:
+            starts = [share_start(total, c, m) for c in range(ctas + 1)]
+            assert starts[0] == 0 and starts[-1] == total, (ctas, total)
+            assert all(a <= b for a, b in zip(starts, starts[1:])), (ctas, total)
+            assert all(0 <= s - total * c // ctas <= 1 for c, s in enumerate(starts)), (ctas, total)

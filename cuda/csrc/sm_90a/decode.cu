@@ -94,6 +94,7 @@ void SetKernelAttributes(int optin) {
                                   reinterpret_cast<const void*>(SelectRowsKernel<kPairedSelectThreads>)};
   ForEachQueryShape([&kernels](auto heads, auto queries) {
     kernels.push_back(reinterpret_cast<const void*>(ScorePagesKernel<heads(), queries()>));
+    kernels.push_back(reinterpret_cast<const void*>(ScorePagesKernel<heads(), queries(), true>));
     kernels.push_back(reinterpret_cast<const void*>(FusedRowsKernel<heads(), queries()>));
   });
   for (const void* kernel : kernels) {
@@ -122,33 +123,49 @@ const DeviceFacts& DecodeDeviceFacts(int device) {
   });
 }
 
-}  // namespace
+constexpr size_t kSelectStampRegion = size_t(kMaxSelectStampSlots) * kSelectStampWords;
+constexpr size_t kScoreStampRegion = size_t(kMaxScoreStampSlots) * kScoreStampWords;
 
-unsigned long long* SelectStampBuffer(int device) {
-  return OncePerDevice<unsigned long long*>(device, [](int) {
-    unsigned long long* buffer = nullptr;
-    const size_t bytes = size_t(kMaxSelectStampSlots) * kSelectStampWords * sizeof(unsigned long long);
-    TVM_FFI_CHECK_CUDA_ERROR(cudaMalloc(&buffer, bytes));
-    TVM_FFI_CHECK_CUDA_ERROR(cudaMemset(buffer, 0, bytes));
-    return buffer;
-  });
-}
-
-std::vector<int64_t> ReadSelectStamps(int device, int64_t slots, bool clear) {
+// `slots` slots of `words` words from `region` of the device's stamp buffer, zeroed afterwards with
+// `clear`. Synchronizes the device.
+std::vector<int64_t> ReadStamps(int device, int64_t slots, int64_t max_slots, int words_per_slot,
+                                unsigned long long* (*region)(int), bool clear) {
   if (slots < 0) TVM_FFI_THROW(ValueError) << "slots must be >= 0, got " << slots;
-  slots = std::min<int64_t>(slots, kMaxSelectStampSlots);  // no select stamps past the buffer
+  slots = std::min<int64_t>(slots, max_slots);  // nothing is stamped past the region
   int current = 0;
   TVM_FFI_CHECK_CUDA_ERROR(cudaGetDevice(&current));
   TVM_FFI_CHECK_CUDA_ERROR(cudaSetDevice(device));
-  unsigned long long* buffer = SelectStampBuffer(device);
+  unsigned long long* buffer = region(device);
   // Read as int64: every stamp (ns since the timer's epoch, the SM's cycle count) is below 2^63.
-  std::vector<int64_t> words(static_cast<size_t>(slots) * kSelectStampWords);
+  std::vector<int64_t> words(static_cast<size_t>(slots) * words_per_slot);
   const size_t bytes = words.size() * sizeof(int64_t);
   TVM_FFI_CHECK_CUDA_ERROR(cudaDeviceSynchronize());
   TVM_FFI_CHECK_CUDA_ERROR(cudaMemcpy(words.data(), buffer, bytes, cudaMemcpyDeviceToHost));
   if (clear) TVM_FFI_CHECK_CUDA_ERROR(cudaMemset(buffer, 0, bytes));
   TVM_FFI_CHECK_CUDA_ERROR(cudaSetDevice(current));
   return words;
+}
+
+}  // namespace
+
+unsigned long long* SelectStampBuffer(int device) {
+  return OncePerDevice<unsigned long long*>(device, [](int) {
+    unsigned long long* buffer = nullptr;
+    const size_t bytes = (kSelectStampRegion + kScoreStampRegion) * sizeof(unsigned long long);
+    TVM_FFI_CHECK_CUDA_ERROR(cudaMalloc(&buffer, bytes));
+    TVM_FFI_CHECK_CUDA_ERROR(cudaMemset(buffer, 0, bytes));
+    return buffer;
+  });
+}
+
+unsigned long long* ScoreStampBuffer(int device) { return SelectStampBuffer(device) + kSelectStampRegion; }
+
+std::vector<int64_t> ReadSelectStamps(int device, int64_t slots, bool clear) {
+  return ReadStamps(device, slots, kMaxSelectStampSlots, kSelectStampWords, SelectStampBuffer, clear);
+}
+
+std::vector<int64_t> ReadScoreStamps(int device, int64_t ctas, bool clear) {
+  return ReadStamps(device, ctas, kMaxScoreStampSlots, kScoreStampWords, ScoreStampBuffer, clear);
 }
 
 void TopkIndexer(const IndexerArgs& a, cudaStream_t stream, const DecodeOptions& options) {

@@ -1,7 +1,7 @@
 // The run-time knobs of the sm90 kernels (launch/tuning.h), exported as the CUDA module's
-// set_cuda_options / cuda_options (ffi_dsa.cuda_options), and select_stamps, the reader of the
-// stamp_select instrument (launch/sm90_select_stamps.h). An arch with knobs of its own would add
-// them to these maps.
+// set_cuda_options / cuda_options (ffi_dsa.cuda_options), and select_stamps and score_stamps, the
+// readers of the stamp_select instrument (launch/sm90_select_stamps.h). An arch with knobs of its
+// own would add them to these maps.
 #define TVM_FFI_DLL_EXPORT_INCLUDE_METADATA 1
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/map.h>
@@ -75,8 +75,16 @@ tvm::ffi::Array<int64_t> SelectStamps(int64_t device, int64_t slots, bool clear)
   return tvm::ffi::Array<int64_t>(words.begin(), words.end());
 }
 
+// The same for the scoring kernel's stamps of its first `ctas` CTAs (kScoreStampWords words a CTA,
+// impls/sm90_score_stamps.cuh).
+tvm::ffi::Array<int64_t> ScoreStamps(int64_t device, int64_t ctas, bool clear) {
+  const std::vector<int64_t> words = sm90::ReadScoreStamps(static_cast<int>(device), ctas, clear);
+  return tvm::ffi::Array<int64_t>(words.begin(), words.end());
+}
+
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(set_cuda_options, SetCudaOptions);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cuda_options, CudaOptions);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(select_stamps, SelectStamps);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(score_stamps, ScoreStamps);

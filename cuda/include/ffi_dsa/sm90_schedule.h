@@ -17,6 +17,13 @@ struct Schedule {
   bool longest_first;      // SelectRowsKernel: CTA c selects the query row of the c-th longest length
 };
 
+// ScorePagesKernel's split of the flat page sequence over `ctas` CTAs multiplies by this,
+// ceil(2^32 / ctas) (sm90_score_pages.cuh: ShareStart), where a division would sit on every CTA's
+// chain to its first page. 2^32 itself for one CTA, hence 64 bits.
+inline uint64_t ScoreShareMultiplier(int64_t ctas) {
+  return ((uint64_t(1) << 32) + static_cast<uint64_t>(ctas) - 1) / static_cast<uint64_t>(ctas);
+}
+
 // SelectRowsKernel's CTA sizes: one CTA an SM (and every cluster's), or two an SM.
 constexpr int kSelectRowsThreads = 1024;
 constexpr int kPairedSelectThreads = 512;

@@ -180,6 +180,20 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+// The instruments' buffers (impls/sm90_select_stamps.cuh, sm90_score_stamps.cuh): slot `slot` of
+// kWords words in a buffer of kSlots slots, or null (no buffer, or past its slots); a null slot
+// takes no stamp.
+template <int kWords, int kSlots>
+__device__ __forceinline__ unsigned long long* StampSlotIn(unsigned long long* buffer, int64_t slot) {
+  return buffer != nullptr && slot < kSlots ? buffer + slot * kWords : nullptr;
+}
+// The global timer and the cycle counter, at once, into two words of a slot.
+__device__ __forceinline__ void StampTimesInto(unsigned long long* words, int ns_word, int cycles_word) {
+  if (words != nullptr) words[ns_word] = GlobalTimerNs(), words[cycles_word] = clock64();
+}
+__device__ __forceinline__ void StampCyclesInto(unsigned long long* words, int word) {
+  if (words != nullptr) words[word] = clock64();
+}
 
 // ---- programmatic dependent launch ----------------------------------------------------------
 // The next kernel in the stream (launched with programmatic stream serialization) may start its

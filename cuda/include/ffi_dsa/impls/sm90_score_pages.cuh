@@ -4,8 +4,8 @@
 //
 // Balance: the batch's scored pages, row after row, form one flat sequence of P pages (P from seq_lens,
 // read on the device, so the launch is shape-only and graph-safe). CTA c of G scores the flat
-// range [P*c/G, P*(c+1)/G): a long row is shared by many CTAs and a CTA may cover the ends of
-// several short rows ("segments"). Every SM streams the same number of bytes whatever the mix of
+// range [P*c/G, P*(c+1)/G) (each end rounded as ShareStart does): a long row is shared by many
+// CTAs and a CTA may cover the ends of several short rows ("segments"). Every SM streams the same number of bytes whatever the mix of
 // lengths: one CTA's TMA unit moves pages far slower than HBM delivers them, so a long row left to
 // one CTA would be slow, while every SM streaming together pulls at HBM speed. Example: one row of
 // 128K tokens (2048 pages) on 132 CTAs gives each 15 or 16 pages; in 64 rows of 1K to 32K tokens
@@ -23,7 +23,8 @@
 //                   caps the CTA's page rate below its TMA unit's), into a ring of kStages stages
 //                   (full/empty mbarriers); warp 0 also loads each segment's Q (N x H heads) by
 //                   TMA into one of two buffers. Invalid page ids are never loaded: their tokens
-//                   get key 0.
+//                   get key 0. The CTA's page 0 and its first segment's Q are issued earlier, by
+//                   the thread that finds the CTA's first row (IssueFirstLoads).
 #pragma once
 #include <cuda.h>
 
@@ -35,6 +36,7 @@
 #include "ffi_dsa/impls/sm90_page_epilogue.cuh"
 #include "ffi_dsa/impls/sm90_ptx.cuh"
 #include "ffi_dsa/impls/sm90_rows.cuh"
+#include "ffi_dsa/impls/sm90_score_stamps.cuh"
 #include "ffi_dsa/rank_key.h"
 
 namespace ffi_dsa::sm90 {
@@ -52,6 +54,10 @@ struct ScoreParams {
   int32_t topk;
   bool sorted;
   QueryShape qs;
+  // launch/tuning.h: stamp_select (a benchmark's instrument: each CTA of the kernel's stamped
+  // instance stamps its chain to the first page into this region, impls/sm90_score_stamps.cuh).
+  unsigned long long* stamps;
+  uint64_t share_mul;  // ceil(2^32 / gridDim.x) (ShareStart; 2^32 itself for one CTA)
 };
 
 constexpr int kScoreThreads = 640;
@@ -71,6 +77,9 @@ constexpr int kIssuerWarps = 4;
 // waits then see each other's phases.)
 static_assert(kStages % kIssuerWarps == 0 && kStages % kMathWarpgroups == 0, "stage ownership");
 constexpr int64_t kPrefetchTableBytes = int64_t(8) << 20;
+// The prologue's scan of the rows' page counts. (cub's warp-scans form, one barrier fewer, made
+// ptxas spill in the unstamped instances.)
+using RowScan = cub::BlockScan<long long, kScoreThreads>;
 
 // One stage of the page ring: everything about its page at one stride, so that each of the page
 // loop's addresses is the stage's base plus a constant (one multiply per page, not a shift and
@@ -91,10 +100,11 @@ struct alignas(1024) ScoreSmem {
   alignas(16) float weights[kMathWarpgroups][StagedWeights<kHeads, kQueries>::kCopyFloats];  // a copy per warpgroup
   uint64_t q_full[2];
   uint64_t q_empty[2];
-  typename cub::BlockScan<long long, kScoreThreads>::TempStorage scan;
+  typename RowScan::TempStorage scan;
   long long first_row_start;
   long long range_begin, range_end;  // the CTA's flat page range (SegmentWalk)
   int32_t first_row;
+  int32_t early;  // the first segment's Q and the CTA's page 0 already issued by the prologue
 };
 
 template <int kHeads, int kQueries>
@@ -161,9 +171,24 @@ using ScoreWeights = std::conditional_t<kQueries * kHeads <= kHeldWeights, RowWe
 __device__ __forceinline__ int FirstOwned(int i0, int lane_of_four) { return i0 + ((lane_of_four - i0 % 4) + 4) % 4; }
 __device__ __forceinline__ uint32_t FirstOwned(uint32_t i0, uint32_t lane_of_four) { return i0 + ((lane_of_four - i0) & 3u); }
 
+// One page into its stage, by one thread: its id first (published by the arrive, a release), then
+// its FP8 rows by TMA and its scales by a bulk copy; an invalid id is never loaded (the consumers
+// see it and give its tokens key 0).
+__device__ __forceinline__ void IssuePage(PageStage& stage, const CUtensorMap& k_map, const ScoreParams& p,
+                                          int32_t page, uint64_t policy) {
+  stage.page = page;
+  if (page >= 0 && page < p.num_pages) {
+    MbarArriveExpectTx(&stage.full, kPageFp8Bytes + kScaleBytes);
+    TmaLoad3d(stage.k_tile, &k_map, 0, 0, page, &stage.full, policy);
+    BulkLoad(stage.scales, p.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes, &stage.full, policy);
+  } else {
+    MbarArrive(&stage.full);
+  }
+}
+
 // The producer warpgroup: its four warps issue every 4th page each into the stage ring, and warp 0
-// loads each segment's Q.
-template <int kHeads, int kQueries>
+// loads each segment's Q (but what the prologue issued: ScoreSmem::early).
+template <int kHeads, int kQueries, bool kStamped>
 __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, const CUtensorMap& k_map,
                                              const CUtensorMap& q_map, const ScoreParams& p, SegmentWalk walk,
                                              int tid) {
@@ -176,7 +201,10 @@ __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, con
   int segment = 0, i0 = 0;
   while (walk.Next<kQueries>(p, s.range_end)) {
     const int np = walk.page_end - walk.page_begin;
-    if (pw == 0 && leader) LoadSegmentQ(s, q_map, walk.seg_row, segment);
+    if (pw == 0 && leader && !(segment == 0 && s.early)) {
+      LoadSegmentQ(s, q_map, walk.seg_row, segment);
+      if (kStamped && segment == 0) StampScoreAt(ScoreStampSlot(p.stamps, blockIdx.x), kScoreQIssuedCycles);
+    }
     __syncwarp();
     // table[i - i0] is the page id of the CTA's local page i.
     const int32_t* table = p.block_table + walk.seg_row * p.max_pages + walk.page_begin;
@@ -187,19 +215,15 @@ __device__ __forceinline__ void ProducePages(ScoreSmem<kHeads, kQueries>& s, con
       for (int u = 0; u < count; ++u) {
         const int i = base + u * kIssuerWarps;
         const int32_t page = __shfl_sync(0xFFFFFFFFu, my_page, u);
+        if (kStamped && i == 0 && leader && !s.early) {
+          StampScoreOnceLoaded(ScoreStampSlot(p.stamps, blockIdx.x), kScoreIdsCycles, page);
+        }
         const int st = i % kStages;
         PageStage& stage = s.stages[st];
         if (i >= kStages) MbarWait(&stage.empty, ((i / kStages) - 1) & 1);
-        if (leader) {
-          stage.page = page;  // published by the arrive below (release)
-          if (page >= 0 && page < p.num_pages) {
-            MbarArriveExpectTx(&stage.full, kPageFp8Bytes + kScaleBytes);
-            TmaLoad3d(stage.k_tile, &k_map, 0, 0, page, &stage.full, streamed);
-            BulkLoad(stage.scales, p.k_cache + int64_t(page) * kPageBytes + kPageFp8Bytes, kScaleBytes, &stage.full,
-                     streamed);
-          } else {
-            MbarArrive(&stage.full);  // nothing to load: the consumers see the invalid id themselves
-          }
+        if (leader && !(i == 0 && s.early)) {
+          IssuePage(stage, k_map, p, page, streamed);
+          if (kStamped && i == 0) StampScoreAt(ScoreStampSlot(p.stamps, blockIdx.x), kScoreIssuedCycles);
         }
         __syncwarp();
       }
@@ -287,8 +311,21 @@ struct SegmentScorer {
   }
 };
 
-// A math warpgroup: pages i = wg (mod 4) of the CTA's range, segment by segment.
+// The stamps' first arrivals, by math warp 0 before its segment loop (the whole warp waits, so that
+// it stays converged for the wgmma after): the first segment's Q (buffer 0, phase 0) and the CTA's page 0 (stage 0,
+// phase 0: a CTA with pages has at least one in its first segment), which the loop then finds
+// complete.
 template <int kHeads, int kQueries>
+__device__ __forceinline__ void StampFirstArrivals(ScoreSmem<kHeads, kQueries>& s, const ScoreParams& p, int lane) {
+  unsigned long long* words = ScoreStampSlot(p.stamps, blockIdx.x);
+  MbarWait(&s.q_full[0], 0);
+  if (lane == 0) StampScoreAt(words, kScoreQReadyCycles);
+  MbarWait(&s.stages[0].full, 0);
+  if (lane == 0) StampScoreAt(words, kScoreFirstPageCycles);
+}
+
+// A math warpgroup: pages i = wg (mod 4) of the CTA's range, segment by segment.
+template <int kHeads, int kQueries, bool kStamped>
 __device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s, const ScoreParams& p,
                                                  SegmentWalk walk, int tid) {
   // The warp's index, and below each segment's page range, read through WarpUniform: ptxas then
@@ -304,6 +341,7 @@ __device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s,
   const int token = r0 + 8 * (lane & 1);
   SegmentScorer<kHeads, kQueries> seg{s, r0, lane};
   seg.page_bound = p.num_pages > INT32_MAX ? 0x80000000u : static_cast<uint32_t>(p.num_pages);
+  if (kStamped && cta_warp == 0) StampFirstArrivals(s, p, lane);
   uint32_t segment = 0, i0 = 0;
   while (WarpUniform(walk.Next<kQueries>(p, s.range_end))) {
     seg.i0 = i0;
@@ -352,21 +390,176 @@ __device__ __forceinline__ void ScoreStagedPages(ScoreSmem<kHeads, kQueries>& s,
     i0 = i_end;
     ++segment;
   }
+  if (kStamped && warp == 0 && lane == 0) StampScoreEnd(ScoreStampSlot(p.stamps, blockIdx.x));
 }
 
+// The CTA's first loads, by the thread whose row holds its first page, as soon as it knows so: the
+// page id first, the row's Q into buffer 0 while the id is on its way, then page 0 into stage 0
+// (ScoreSmem::early), ahead of the barrier after which the producer warps would otherwise start
+// (the chain to the first page is most of a one-page CTA's time). The two mbarriers were
+// initialized by warp 0 (InitBarriers), and made visible to this thread by a barrier or __syncwarp.
+template <int kHeads, int kQueries, bool kStamped>
+__device__ __forceinline__ void IssueFirstLoads(ScoreSmem<kHeads, kQueries>& s, const CUtensorMap& k_map,
+                                                const CUtensorMap& q_map, const ScoreParams& p, int64_t row,
+                                                long long page_in_row) {
+  unsigned long long* words = kStamped ? ScoreStampSlot(p.stamps, blockIdx.x) : nullptr;
+  const int32_t page = p.block_table[row * p.max_pages + page_in_row];
+  LoadSegmentQ(s, q_map, row, 0);
+  if (kStamped) StampScoreAt(words, kScoreQIssuedCycles);
+  if (kStamped) StampScoreOnceLoaded(words, kScoreIdsCycles, page);
+  IssuePage(s.stages[0], k_map, p, page, EvictFirstPolicy());
+  if (kStamped) StampScoreAt(words, kScoreIssuedCycles);
+  s.early = 1;
+}
+
+// The mbarriers, spread over the warps (one thread's inits are serialized, and each is on the chain
+// of whatever that thread does next): warp 0, whose lanes hold the first rows, inits only the two
+// its early loads use (stage 0's full, Q buffer 0's full); lane 0 of warps 1.. the rest.
 template <int kHeads, int kQueries>
+__device__ __forceinline__ void InitBarriers(ScoreSmem<kHeads, kQueries>& s, int tid) {
+  constexpr int kOthers = 2 * kStages + 2;  // all but the two warp 0 inits
+  constexpr int kWarps = kScoreThreads / 32;
+  static_assert(kOthers <= kWarps - 1, "one barrier a warp");
+  if (tid % 32 != 0) return;
+  const int warp = tid / 32;
+  if (warp == 0) {
+    MbarInit(&s.stages[0].full, 1);
+    MbarInit(&s.q_full[0], 1);
+    s.early = 0;
+  } else if (warp <= kOthers) {
+    const int b = warp - 1;  // stages 1.. full, every stage's empty, Q buffer 1's full, both Q empties
+    if (b < kStages - 1) {
+      MbarInit(&s.stages[b + 1].full, 1);
+    } else if (b < 2 * kStages - 1) {
+      MbarInit(&s.stages[b - (kStages - 1)].empty, kWarpgroupThreads);
+    } else if (b == 2 * kStages - 1) {
+      MbarInit(&s.q_full[1], 1);
+    } else {
+      MbarInit(&s.q_empty[b - 2 * kStages], kMathThreads);
+    }
+  } else {
+    return;
+  }
+  FenceBarrierInit();
+}
+
+// The first flat page of CTA c of G: floor(total x c x m / 2^32) with m = ceil(2^32 / G)
+// (ScoreParams::share_mul, from the host), a multiply where a division is ~25 dependent
+// instructions on the chain. With G x m = 2^32 + e, 0 <= e < G, and total x G < 2^32, it is
+// total x c / G plus less than one: exact at c = 0 and c = G, non-decreasing in c, and within a
+// page of the even split. Larger totals divide in 64 bits.
+__device__ __forceinline__ long long ShareStart(long long total, uint32_t c, const ScoreParams& p) {
+  // (A launch without the multiplier divides: slower, never a wrong split.)
+  if (total * gridDim.x <= static_cast<long long>(UINT32_MAX) && p.share_mul != 0) {
+    return static_cast<long long>((static_cast<uint64_t>(static_cast<uint32_t>(total) * c) * p.share_mul) >> 32);
+  }
+  return total * c / gridDim.x;
+}
+
+// Batches of at most 32 rows (a lane a row): warp 0 alone scans their page counts by shuffles,
+// finds the CTA's range and first row, and issues the first loads; no block scan or barrier comes
+// before the first page's TMA. The range is published to shared memory for the other warps.
+template <int kHeads, int kQueries, bool kStamped>
+__device__ __forceinline__ void RangeOfFewRows(ScoreSmem<kHeads, kQueries>& s, const CUtensorMap& k_map,
+                                               const CUtensorMap& q_map, const ScoreParams& p, int lane) {
+  const int pages = lane < p.batch ? RowScoredPages<kQueries>(p.seq_lens, lane, p.qs, p.max_pages, p.topk, p.sorted) : 0;
+  if (kStamped && lane == 0) StampScoreOnceLoaded(ScoreStampSlot(p.stamps, blockIdx.x), kScoreLensCycles, pages);
+  long long through = pages;  // inclusive
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const long long below = __shfl_up_sync(0xFFFFFFFFu, through, d);
+    if (lane >= d) through += below;
+  }
+  const long long total = __shfl_sync(0xFFFFFFFFu, through, 31);
+  if (kStamped && lane == 0) StampScoreOnceLoaded(ScoreStampSlot(p.stamps, blockIdx.x), kScoreScannedCycles, total);
+  const long long begin = ShareStart(total, blockIdx.x, p), end = ShareStart(total, blockIdx.x + 1, p);
+  const long long before = through - pages;
+  if (lane == 0) {
+    s.range_begin = begin;
+    s.range_end = end;
+  }
+  __syncwarp();  // lane 0's mbarrier inits, before another lane's arrive on them
+  if (begin < end && pages > 0 && before <= begin && begin < through) {
+    s.first_row = lane;
+    s.first_row_start = before;
+    IssueFirstLoads<kHeads, kQueries, kStamped>(s, k_map, q_map, p, lane, begin - before);
+  }
+}
+
+// Larger batches: the rows' page counts scanned 640 at a time by the whole CTA, the range found
+// from the total, then the first row by a second pass (which reuses the first tile's scan); the
+// first row's thread issues the first loads when that row is in the first tile. Returns the range
+// (every thread: the barrier inside the scan publishes it), [begin, end) empty for a CTA with no
+// pages; s.first_row and s.first_row_start are read after the caller's barrier.
+template <int kHeads, int kQueries, bool kStamped>
+__device__ __forceinline__ void RangeOfManyRows(ScoreSmem<kHeads, kQueries>& s, const CUtensorMap& k_map,
+                                                const CUtensorMap& q_map, const ScoreParams& p, int tid,
+                                                long long& begin, long long& end) {
+  using Scan = RowScan;
+  long long total = 0;
+  int first_tile_pages = 0;
+  long long first_tile_before = 0, first_tile_total = 0;
+  for (int64_t base = 0; base < p.batch; base += kScoreThreads) {
+    const int64_t r = base + tid;
+    const int pages = r < p.batch ? RowScoredPages<kQueries>(p.seq_lens, r, p.qs, p.max_pages, p.topk, p.sorted) : 0;
+    long long before, tile_total;
+    if (kStamped && tid == 0 && base == 0) StampScoreOnceLoaded(ScoreStampSlot(p.stamps, blockIdx.x), kScoreLensCycles, pages);
+    Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
+    if (kStamped && tid == 0 && base == 0) StampScoreOnceLoaded(ScoreStampSlot(p.stamps, blockIdx.x), kScoreScannedCycles, tile_total);
+    if (base == 0) {
+      first_tile_pages = pages;
+      first_tile_before = before;
+      first_tile_total = tile_total;
+    }
+    total += tile_total;
+    if (p.batch > kScoreThreads) __syncthreads();  // the scan's storage is used again
+  }
+  begin = ShareStart(total, blockIdx.x, p);
+  end = ShareStart(total, blockIdx.x + 1, p);
+  if (begin >= end) return;
+  if (tid == 0) {  // read after the caller's barrier
+    s.range_begin = begin;
+    s.range_end = end;
+  }
+  // The row holding the range's first page. (Scanning the first tile again would put a block scan
+  // and its barrier on every CTA's critical path.)
+  long long carry = 0;
+  for (int64_t base = 0; base < p.batch && carry <= begin; base += kScoreThreads) {
+    const int64_t r = base + tid;
+    int pages = first_tile_pages;
+    long long before = first_tile_before, tile_total = first_tile_total;
+    if (base > 0) {
+      pages = r < p.batch ? RowScoredPages<kQueries>(p.seq_lens, r, p.qs, p.max_pages, p.topk, p.sorted) : 0;
+      Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
+    }
+    before += carry;
+    if (pages > 0 && before <= begin && begin < before + pages) {
+      s.first_row = static_cast<int32_t>(r);
+      s.first_row_start = before;
+      // Warp 0's inits of the barriers it arrives on are ordered before this thread by the
+      // __syncthreads inside the scan above (cub's raking scan has one at 640 threads).
+      if (base == 0) IssueFirstLoads<kHeads, kQueries, kStamped>(s, k_map, q_map, p, r, begin - before);
+    }
+    carry += tile_total;
+    if (base + kScoreThreads < p.batch && carry <= begin) __syncthreads();  // the next tile's scan
+  }
+}
+
+// kStamped: the instance of the stamp_select instrument (impls/sm90_score_stamps.cuh), so that the
+// stamps cost the unstamped kernel not even a branch (a runtime test changed ptxas's schedule of
+// the page loop).
+template <int kHeads, int kQueries, bool kStamped = false>
 __global__ void __launch_bounds__(kScoreThreads, 1)
     ScorePagesKernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap q_map,
                      const ScoreParams p) {
   extern __shared__ uint8_t smem_raw[];
   ScoreSmem<kHeads, kQueries>& s = *reinterpret_cast<ScoreSmem<kHeads, kQueries>*>(AlignedSmem<1024>(smem_raw));
   const int tid = threadIdx.x;
-  // The block table into L2 while seq_lens (cold) is read and scanned: a CTA learns which rows it
-  // scores only after the scan, and its first page id read was then a second cold HBM round trip
-  // before the first page's TMA. The CTAs split the table's lines (each line asked for once);
-  // tables past kPrefetchTableBytes (B x pages far beyond a decode step's) are left alone.
-  // It shortens the chain only where the table read is on it: for a CTA of one page the Q and
-  // first-page TMAs (both cold) take as long.
+  if (kStamped && tid == 0) StampScoreStart(ScoreStampSlot(p.stamps, blockIdx.x));
+  // The block table into L2 while seq_lens is read and scanned: a CTA learns which rows it scores
+  // only after the scan, and its first page id read was then a second HBM round trip before the
+  // first page's TMA. The CTAs split the table's lines (each line asked for once); tables past
+  // kPrefetchTableBytes (B x pages far beyond a decode step's) are left alone.
   {
     const int64_t table_bytes = int64_t(p.batch) * p.max_pages * int64_t(sizeof(int32_t));
     if (table_bytes <= kPrefetchTableBytes) {
@@ -377,90 +570,43 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
       }
     }
   }
-
   // The TMA descriptors too: the first page's TMA would otherwise fetch its descriptor first.
   if (tid == kMathThreads) {
     if (p.num_pages > 0) PrefetchTensorMap(&k_map);  // with no pages the map is left unencoded
     PrefetchTensorMap(&q_map);
   }
-  if (tid == 0) {
-    for (int st = 0; st < kStages; ++st) {
-      MbarInit(&s.stages[st].full, 1);
-      MbarInit(&s.stages[st].empty, kWarpgroupThreads);
-    }
-    for (int b = 0; b < 2; ++b) {
-      MbarInit(&s.q_full[b], 1);
-      MbarInit(&s.q_empty[b], kMathThreads);
-    }
-    FenceBarrierInit();
-  }
+  InitBarriers(s, tid);
   // Launched with programmatic stream serialization (unless launch/tuning.h turns it off), this grid may be
   // resident while the stream's previous kernel still runs; everything above touches only
   // parameters, shared memory and L2 hints, everything below reads inputs that kernel may write.
   WaitForPrecedingGrid();
+  if (kStamped && tid == 0) StampScoreAt(ScoreStampSlot(p.stamps, blockIdx.x), kScoreWaitedCycles);
   // SelectRowsKernel's CTAs may be placed now; they wait for this grid before reading keys. Not
   // before the wait above: the select reads seq_lens and the block table as soon as it starts.
   AllowDependentLaunch();
 
-  // ---- this CTA's flat page range ----------------------------------------------------------
-  using Scan = cub::BlockScan<long long, kScoreThreads>;
-  long long total = 0;
-  // The first tile of rows (all of them in batches of <= 640 rows, the common case): its scan is
-  // kept, so finding the CTA's first row below reads seq_lens and scans again only past it.
-  int first_tile_pages = 0;
-  long long first_tile_before = 0, first_tile_total = 0;
-  for (int64_t base = 0; base < p.batch; base += kScoreThreads) {
-    const int64_t r = base + tid;
-    const int pages = r < p.batch ? RowScoredPages<kQueries>(p.seq_lens, r, p.qs, p.max_pages, p.topk, p.sorted) : 0;
-    long long before, tile_total;
-    Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
-    if (base == 0) {
-      first_tile_pages = pages;
-      first_tile_before = before;
-      first_tile_total = tile_total;
-    }
-    total += tile_total;
+  // ---- this CTA's flat page range and first row ------------------------------------------------
+  if (p.batch <= 32) {
+    if (tid < 32) RangeOfFewRows<kHeads, kQueries, kStamped>(s, k_map, q_map, p, tid);
     __syncthreads();
-  }
-  // 32-bit division when it fits (a 64-bit one is a ~70-instruction call on the critical path).
-  const bool narrow = total * gridDim.x <= static_cast<long long>(UINT32_MAX);
-  auto share_start = [&](unsigned c) {
-    return narrow ? static_cast<long long>(static_cast<uint32_t>(total) * c / gridDim.x) : total * c / gridDim.x;
-  };
-  const long long range_begin = share_start(blockIdx.x);
-  const long long range_end = share_start(blockIdx.x + 1);
-  if (range_begin >= range_end) return;  // fewer pages than CTAs: the whole CTA leaves together
-  if (tid == 0) {  // read after the barrier below (the loop runs at least once)
-    s.range_begin = range_begin;
-    s.range_end = range_end;
-  }
-  // The row holding the range's first page. (Scanning the first tile again would put a block scan
-  // and its barrier on every CTA's critical path.)
-  long long carry = 0;
-  for (int64_t base = 0; base < p.batch && carry <= range_begin; base += kScoreThreads) {
-    const int64_t r = base + tid;
-    int pages = first_tile_pages;
-    long long before = first_tile_before, tile_total = first_tile_total;
-    if (base > 0) {
-      pages = r < p.batch ? RowScoredPages<kQueries>(p.seq_lens, r, p.qs, p.max_pages, p.topk, p.sorted) : 0;
-      Scan(s.scan).ExclusiveSum(static_cast<long long>(pages), before, tile_total);
-    }
-    before += carry;
-    if (pages > 0 && before <= range_begin && range_begin < before + pages) {
-      s.first_row = static_cast<int32_t>(r);
-      s.first_row_start = before;
-    }
-    carry += tile_total;
+    if (s.range_begin >= s.range_end) return;  // fewer pages than CTAs: the whole CTA leaves together
+  } else {
+    long long begin, end;
+    RangeOfManyRows<kHeads, kQueries, kStamped>(s, k_map, q_map, p, tid, begin, end);
+    if (begin >= end) return;
     __syncthreads();
   }
   SegmentWalk walk{s.first_row, s.first_row_start, s.range_begin, 0, 0, 0};
+  if (kStamped && tid == 0) StampScoreAt(ScoreStampSlot(p.stamps, blockIdx.x), kScoreRangedCycles);
+  // A math warp with no part in the first page (warpgroup 1's page comes later, if at all).
+  if (kStamped && tid == kWarpgroupThreads) StampScoreL2Hit(ScoreStampSlot(p.stamps, blockIdx.x), p.seq_lens);
   // One branch per role, so that each warpgroup's setmaxnreg is the first thing its branch does.
   if (tid >= kMathThreads) {
     ShrinkRegisters<kProducerRegisters>();
-    ProducePages(s, k_map, q_map, p, walk, tid);
+    ProducePages<kHeads, kQueries, kStamped>(s, k_map, q_map, p, walk, tid);
   } else {
     GrowRegisters<kMathRegisters>();
-    ScoreStagedPages(s, p, walk, tid);
+    ScoreStagedPages<kHeads, kQueries, kStamped>(s, p, walk, tid);
   }
 }
 

@@ -34,15 +34,13 @@ constexpr int kMaxSelectStampSlots = 4096;
 // slot in shared memory (topk::Storage::stamps), not in a register: the split path's select runs
 // at 64 registers a thread.
 __device__ __forceinline__ unsigned long long* StampSlot(unsigned long long* buffer, int64_t slot) {
-  return buffer != nullptr && slot < kMaxSelectStampSlots ? buffer + slot * kSelectStampWords : nullptr;
+  return StampSlotIn<kSelectStampWords, kMaxSelectStampSlots>(buffer, slot);
 }
 // By one thread of the select (null words: nothing).
 __device__ __forceinline__ void StampStart(unsigned long long* words) {
-  if (words != nullptr) words[kStampStartNs] = GlobalTimerNs(), words[kStampStartCycles] = clock64();
+  StampTimesInto(words, kStampStartNs, kStampStartCycles);
 }
-__device__ __forceinline__ void StampAt(unsigned long long* words, SelectStamp at) {
-  if (words != nullptr) words[at] = clock64();
-}
+__device__ __forceinline__ void StampAt(unsigned long long* words, SelectStamp at) { StampCyclesInto(words, at); }
 __device__ __forceinline__ void StampCount(unsigned long long* words, SelectStamp at, uint32_t count) {
   if (words != nullptr) words[at] = count;
 }

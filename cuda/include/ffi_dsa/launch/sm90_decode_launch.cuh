@@ -76,7 +76,7 @@ void LaunchFused(const IndexerArgs& a, const SelectParams& sel, int64_t max_toke
 // ScorePagesKernel: every page into the workspace's rank keys (a row per query), balanced over all SMs.
 template <int kHeads, int kQueries>
 void LaunchScorePages(const IndexerArgs& a, const Schedule& plan, uint32_t* keys, bool sorted_by_score,
-                      cudaStream_t stream, bool programmatic) {
+                      unsigned long long* stamps, cudaStream_t stream, bool programmatic) {
   ScoreParams sp{};
   sp.k_cache = a.k_cache;
   sp.weights = a.weights;
@@ -90,9 +90,15 @@ void LaunchScorePages(const IndexerArgs& a, const Schedule& plan, uint32_t* keys
   sp.topk = static_cast<int32_t>(a.topk);
   sp.sorted = sorted_by_score;
   sp.qs = QueryShape{a.queries, a.per_query_lens};
-  Launch(static_cast<unsigned>(plan.score_ctas), kScoreThreads, ScoreSmemBytes<kHeads, kQueries>(), stream, 0,
-         programmatic)
-      .Run(ScorePagesKernel<kHeads, kQueries>, KCacheTensorMap(a.k_cache, a.num_pages), QTensorMap(a), sp);
+  sp.stamps = stamps;
+  sp.share_mul = ScoreShareMultiplier(plan.score_ctas);
+  Launch launch(static_cast<unsigned>(plan.score_ctas), kScoreThreads, ScoreSmemBytes<kHeads, kQueries>(), stream, 0,
+                programmatic);
+  if (stamps != nullptr) {
+    launch.Run(ScorePagesKernel<kHeads, kQueries, true>, KCacheTensorMap(a.k_cache, a.num_pages), QTensorMap(a), sp);
+  } else {
+    launch.Run(ScorePagesKernel<kHeads, kQueries>, KCacheTensorMap(a.k_cache, a.num_pages), QTensorMap(a), sp);
+  }
 }
 
 // SelectRowsKernel with kThreads a CTA: one cluster of `cluster` CTAs per query row (kLongestFirst:
@@ -139,7 +145,10 @@ void LaunchIndexer(const IndexerArgs& a, const DeviceFacts& device, const Tuning
   // The split path: ScorePagesKernel, then SelectRowsKernel selects each query row from its keys.
   Workspace workspace(score ? static_cast<size_t>(WorkspaceBytes(a.query_rows(), a.max_pages)) : 0, a.device, stream);
   uint32_t* keys = reinterpret_cast<uint32_t*>(workspace.data());
-  if (score) LaunchScorePages<kHeads, kQueries>(a, plan, keys, sorted_by_score, stream, pdl);
+  if (score) {
+    LaunchScorePages<kHeads, kQueries>(a, plan, keys, sorted_by_score,
+                                       tuning.stamp_select ? ScoreStampBuffer(a.device.device_id) : nullptr, stream, pdl);
+  }
   sel.keys = keys;
   const int64_t slice =
       std::max(SliceLength(planned_tokens, plan.cluster_size), std::min<int64_t>(max_tokens, kSliceKeys));

@@ -27,7 +27,8 @@ struct Tuning {
   // A measuring instrument that changes no output: each select (the fused kernel's tail, or a
   // SelectRowsKernel CTA) stamps the global timer when it may start and when its last id is
   // written, and the SM's cycles at each phase's end, into a buffer of the module's
-  // (sm90_select_stamps.h), so a benchmark can time the select and its phases on either path.
+  // (sm90_select_stamps.h), so a benchmark can time the select and its phases on either path; and
+  // each ScorePagesKernel CTA stamps its chain from its start to its first page and its end.
   bool stamp_select = false;
   // SelectRowsKernel's CTA size where the schedule gives a query row one CTA: 0 the schedule's
   // choice (sm90_schedule.h), or kSelectRowsThreads / kPairedSelectThreads for every such launch,
