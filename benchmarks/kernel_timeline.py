@@ -141,10 +141,6 @@ def stamped_selects(graphs, slots: int, replays: int) -> tuple[float, float, dic
     return median(call_tails), median(own), {name: median(v) for name, v in phases.items()}
 
 
-# ScorePagesKernel's CTA slots read after each stamped call (the module's; CTAs past the grid read as None).
-SCORE_SLOTS = 1024
-
-
 def scoring_chain(stamps) -> dict[str, float] | None:
     """One stamped call's ScorePagesKernel CTAs (`stamps`, None for a slot no CTA wrote): the spans
     (SCORE_SPANS and "cta", µs at the SM clock) of the median CTA with pages (the median of each span
@@ -165,14 +161,15 @@ def scoring_chain(stamps) -> dict[str, float] | None:
     return out
 
 
-def stamped_scoring(graphs, replays: int) -> dict[str, float] | None:
-    """scoring_chain of `replays` stamped calls, each value the median over the calls."""
+def stamped_scoring(graphs, replays: int, ctas: int) -> dict[str, float] | None:
+    """scoring_chain of `replays` stamped calls, each value the median over the calls; `ctas`: the
+    slots read, at least the scoring kernel's grid (one CTA an SM at most)."""
     device = torch.cuda.current_device()
-    score_stamps(device, SCORE_SLOTS)  # forget earlier calls
+    score_stamps(device, ctas)  # forget earlier calls
     chains = []
     for i in range(replays):
         graphs[i % len(graphs)].replay()
-        chain = scoring_chain(score_stamps(device, SCORE_SLOTS))
+        chain = scoring_chain(score_stamps(device, ctas))
         if chain is not None:
             chains.append(chain)
     return {name: median([c[name] for c in chains]) for name in chains[0]} if chains else None
@@ -227,8 +224,8 @@ def phase_line(name: str, phases: dict[str, float]) -> str:
 
 def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, queries: int | None = None,
              label: str = "", rows: bool = False) -> str:
-    """The kernels' times (`label` at its end), then the last select's phases; on the fused path a
-    third line, the rows' loop ends."""
+    """The kernels' times (`label` at its end), then the last select's phases; a third line, on the
+    fused path the rows' loop ends, on the split path the scoring CTAs' chain to their first page."""
     rot = rotating_sets(spec["lens"], "cuda", 256 * MB, seed=11, max_sets=max_sets, queries=queries)
 
     def make_call(i):
@@ -265,10 +262,11 @@ def timeline(name: str, spec: dict, clock: Clock, replays: int, max_sets: int, q
             select_after.append(b["ts"] + b["dur"] - end_a)
         elif "Select" in a["name"]:
             next_call.append(b["ts"] - end_a)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count  # the scoring grid's most CTAs
     text = (f"{name:3s} events {event_us:6.2f} us | score {median(score):6.2f} (n={len(score)}) | select "
             f"{median(select):6.2f}, ends {median(select_after):6.2f} after score | select -> next call "
             f"{median(next_call):5.2f}{label}\n" + phase_line(name, phases) + label + "\n"
-            + scoring_line(name, stamped_scoring(stamped, replays)) + label)
+            + scoring_line(name, stamped_scoring(stamped, replays, sms)) + label)
     if rows:  # one more stamped call, alone in the stamp buffer (every set has the workload's rows)
         device = torch.cuda.current_device()
         select_stamps(device, slots)

@@ -148,7 +148,10 @@ def _stamp_slots(native_words, kind, slots: int) -> list:
 SCORE_SPANS = ("waited", "ranged", "issued", "q_ready", "first_page", "end")
 # Inside two of them: "ranged" = "lens" (thread 0's seq_lens entry arrived) + "scanned" + the rest,
 # "issued" = "q_issued" (the first Q's TMA) + "ids" (the first page id arrived) + the rest; and
-# "l2_hit", one load of a line L2 holds, timed inside the CTA to compare the loads with.
+# "l2_hit", one load of a line L2 holds, timed inside the CTA to compare the loads with. Where the
+# thread that finds the CTA's first row issues its first loads (the first row among the first 640,
+# every decode batch), they come before "ranged" (the barrier after the range): "q_issued" and
+# "issued" then read negative, and "ranged" holds the whole early issue.
 SCORE_INNER_SPANS = ("lens", "scanned", "q_issued", "ids", "l2_hit")
 
 
@@ -190,9 +193,9 @@ class ScoreStamps(NamedTuple):
 def score_stamps(device: int, ctas: int, *, clear: bool = True) -> list[ScoreStamps | None]:
     """The ``stamp_select`` stamps of ``ScorePagesKernel``'s CTAs ``0 .. ctas - 1`` written on CUDA
     device ``device`` so far (the last stamped call's: each CTA writes its own slot), or ``None`` for
-    a CTA that did not start (or past the module's 1024 slots). Synchronizes the device; ``clear``
-    zeroes them afterwards. As for :func:`select_stamps`, call it once before capturing stamped
-    calls."""
+    a CTA that did not start (or past the module's buffer, which holds more slots than any grid has
+    CTAs). Synchronizes the device; ``clear`` zeroes them afterwards. As for :func:`select_stamps`,
+    call it once before capturing stamped calls."""
     return _stamp_slots(_ffi_api.cuda().score_stamps(int(device), int(ctas), bool(clear)), ScoreStamps, ctas)
 
 

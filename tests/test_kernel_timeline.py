@@ -144,5 +144,6 @@ def test_stamped_scoring_takes_the_median_call(monkeypatch):
     stamped = [[score_stamp(0, [0, 200, 400, 600, 800, 1_000, 1_200 + 200 * k], 10_000)] for k in (0, 2, 1)]
     calls = iter([[], *stamped, []])
     monkeypatch.setattr(timeline, "score_stamps", lambda device, ctas: next(calls))
-    chain = timeline.stamped_scoring([Graph()], replays=4)  # the first read only clears; one call stamps nothing
+    # the first read only clears; one call stamps nothing
+    chain = timeline.stamped_scoring([Graph()], replays=4, ctas=1)
     assert chain["end"] == pytest.approx(0.2)  # ends 0.1, 0.3, 0.2 µs after the first page: the median
